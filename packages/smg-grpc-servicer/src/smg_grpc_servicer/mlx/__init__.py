@@ -1,0 +1,1 @@
+"""``smg_grpc_servicer.mlx``: ``python -m smg_grpc_servicer.mlx --model ... --host ... --port ...``."""

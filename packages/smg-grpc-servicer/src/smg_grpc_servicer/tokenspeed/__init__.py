@@ -1,0 +1,1 @@
+"""``smg_grpc_servicer.tokenspeed``: ``python -m smg_grpc_servicer.tokenspeed ...``."""

@@ -1,0 +1,186 @@
+"""Errors that carry their gRPC status, and the one place that turns them into ``context.abort``.
+
+The tree::
+
+    ServicerError                  INTERNAL            (base; never raised bare)
+    ├── InvalidRequest             INVALID_ARGUMENT    client mistake: bad ids, bad sampling values
+    ├── NotFound                   NOT_FOUND           unknown adapter, unknown LoRA, ...
+    ├── AlreadyExists              ALREADY_EXISTS      a request id that is already in flight
+    ├── FailedPrecondition         FAILED_PRECONDITION server not configured for this call
+    ├── OutOfRange                 OUT_OF_RANGE        a cursor the server cannot resume
+    ├── Unsupported                UNIMPLEMENTED       a feature this engine does not have
+    ├── Overloaded                 RESOURCE_EXHAUSTED  admission queue full (the router retries)
+    ├── Unavailable                UNAVAILABLE         not ready / shutting down / engine dead
+    ├── Aborted                    ABORTED             request stopped by an Abort RPC
+    └── DataLoss                   DATA_LOSS           a stream that lost history mid-way
+
+    ConfigError                    (not a gRPC error)  bad flag or variable: exit 2, one line
+
+The router retries UNKNOWN, UNAVAILABLE, RESOURCE_EXHAUSTED, DATA_LOSS, CANCELLED and
+DEADLINE_EXCEEDED, and opens its circuit breaker on repeated INTERNAL. So client mistakes must be
+INVALID_ARGUMENT (never INTERNAL) and no exception may escape a handler (grpc.aio would report it as
+UNKNOWN, which is retried five times).
+
+Anything that is not a :class:`ServicerError` is unexpected: the client gets INTERNAL with a short
+generic message naming the request id, and the traceback goes to the log only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar, cast
+
+import grpc
+import grpc.aio
+
+logger = logging.getLogger(__name__)
+
+# Messages longer than this are cut before they reach the client.
+MAX_DETAIL_CHARS = 512
+
+
+class ServicerError(Exception):
+    """Base class: an error whose message is safe to show the client."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+    #: Client-fault errors log at INFO without a traceback; server faults at ERROR.
+    client_fault: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(ServicerError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    client_fault = True
+
+
+class NotFound(ServicerError):
+    code = grpc.StatusCode.NOT_FOUND
+    client_fault = True
+
+
+class AlreadyExists(ServicerError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    client_fault = True
+
+
+class FailedPrecondition(ServicerError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    client_fault = True
+
+
+class OutOfRange(ServicerError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+    client_fault = True
+
+
+class Unsupported(ServicerError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+    client_fault = True
+
+
+class Overloaded(ServicerError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServicerError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Aborted(ServicerError):
+    code = grpc.StatusCode.ABORTED
+    client_fault = True
+
+
+class DataLoss(ServicerError):
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class ConfigError(Exception):
+    """A bad flag, variable or file at start-up. The entry point prints one line and exits 2."""
+
+
+class _AbortContext(Protocol):
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
+
+
+def status_for(exc: BaseException, request_id: str = "") -> tuple[grpc.StatusCode, str]:
+    """The status and client-safe message for ``exc``. Pure; logs nothing."""
+    if isinstance(exc, ServicerError):
+        detail = exc.message
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[: MAX_DETAIL_CHARS - 3] + "..."
+        return exc.code, detail
+    suffix = f" (request {request_id})" if request_id else ""
+    return grpc.StatusCode.INTERNAL, f"internal error{suffix}; see the server log"
+
+
+async def abort_from(
+    context: _AbortContext, exc: BaseException, *, rpc: str, request_id: str = ""
+) -> NoReturn:
+    """Log ``exc`` appropriately and abort the call with its status. Never returns."""
+    code, detail = status_for(exc, request_id)
+    if isinstance(exc, ServicerError):
+        level = logging.INFO if exc.client_fault else logging.ERROR
+        logger.log(level, "%s %s -> %s: %s", rpc, request_id or "-", code.name, exc.message)
+    else:
+        logger.error(
+            "%s %s -> INTERNAL: unexpected %s",
+            rpc,
+            request_id or "-",
+            type(exc).__name__,
+            exc_info=exc,
+        )
+    await context.abort(code, detail)
+
+
+def _request_id_of(request: object) -> str:
+    rid = getattr(request, "request_id", "")
+    return rid if isinstance(rid, str) else ""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def grpc_errors(method: _F) -> _F:
+    """Decorate a servicer method (coroutine or async generator) so errors become statuses.
+
+    ``grpc.aio`` abort errors and cancellation pass through untouched.
+    """
+    name = method.__name__
+    if inspect.isasyncgenfunction(method):
+        gen_method = cast(Callable[..., AsyncIterator[Any]], method)
+
+        @functools.wraps(method)
+        async def stream_wrapper(
+            self: object, request: object, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            try:
+                async for item in gen_method(self, request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
+
+        return cast(_F, stream_wrapper)
+
+    unary_method = cast(Callable[..., Awaitable[Any]], method)
+
+    @functools.wraps(method)
+    async def unary_wrapper(
+        self: object, request: object, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            return await unary_method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
+
+    return cast(_F, unary_wrapper)

@@ -1,0 +1,119 @@
+"""In-flight requests of one servicer, so every request is stopped in the engine exactly once.
+
+A ``Generate`` call tracks its request for as long as it runs::
+
+    async with registry.track(request_id) as handle:
+        async for output in engine.generate(...):
+            ...
+            if handle.aborted:
+                break
+
+Three things can stop a request early: an ``Abort`` RPC (:meth:`RequestRegistry.abort`), the
+client cancelling the call, or an error while streaming. Each of them ends in the same place,
+:meth:`RequestHandle._stop`, which calls the engine's abort at most once. A request that finished
+normally is never aborted in the engine. ``Abort`` for an unknown or finished id is a no-op, and
+aborting twice is harmless.
+
+Invariants:
+- ``len(registry)`` (``active_requests``) counts exactly the requests inside ``track``;
+- the engine abort callback runs at most once per tracked request, and never after a normal finish;
+- a request id can be tracked once at a time (a second ``track`` raises :class:`AlreadyExists`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from smg_servicer_core.errors import AlreadyExists, InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+EngineAbort = Callable[[str], Awaitable[None]]
+
+
+class RequestHandle:
+    """One tracked request. ``aborted`` becomes true when it was stopped from outside."""
+
+    __slots__ = ("_done", "_engine_abort", "_stopped", "abort_reason", "request_id", "stopped")
+
+    def __init__(self, request_id: str, engine_abort: EngineAbort) -> None:
+        self.request_id = request_id
+        self.abort_reason: str | None = None
+        self._engine_abort = engine_abort
+        self._done = False
+        self._stopped = False
+        #: Set when the request was stopped early (abort RPC, cancel, error).
+        self.stopped = asyncio.Event()
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort_reason is not None
+
+    async def _stop(self, reason: str) -> bool:
+        """Stop the engine request once. True if this call issued the engine abort."""
+        if self._done or self._stopped:
+            return False
+        self._stopped = True
+        self.abort_reason = reason
+        self.stopped.set()
+        try:
+            await self._engine_abort(self.request_id)
+        except Exception:
+            logger.exception("engine abort failed for request %s", self.request_id)
+        return True
+
+
+class RequestRegistry:
+    """The servicer's in-flight requests; ``engine_abort`` stops one in the engine."""
+
+    def __init__(self, engine_abort: EngineAbort) -> None:
+        self._engine_abort = engine_abort
+        self._active: dict[str, RequestHandle] = {}
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._active
+
+    def get(self, request_id: str) -> RequestHandle | None:
+        return self._active.get(request_id)
+
+    @asynccontextmanager
+    async def track(self, request_id: str) -> AsyncIterator[RequestHandle]:
+        if not request_id:
+            raise InvalidRequest("request_id must not be empty")
+        if request_id in self._active:
+            raise AlreadyExists(f"request {request_id} is already in flight")
+        handle = RequestHandle(request_id, self._engine_abort)
+        self._active[request_id] = handle
+        try:
+            yield handle
+            handle._done = not handle._stopped  # noqa: SLF001 - same module
+        except asyncio.CancelledError:
+            await asyncio.shield(handle._stop("client cancelled"))  # noqa: SLF001
+            raise
+        except BaseException:
+            await asyncio.shield(handle._stop("error"))  # noqa: SLF001
+            raise
+        finally:
+            self._active.pop(request_id, None)
+
+    async def abort(self, request_id: str, reason: str = "aborted by request") -> bool:
+        """Stop ``request_id`` if it is in flight. True if this call issued the engine abort."""
+        handle = self._active.get(request_id)
+        if handle is None:
+            return False
+        return await handle._stop(reason)  # noqa: SLF001
+
+    async def abort_many(self, request_ids: list[str], reason: str = "aborted by request") -> int:
+        issued = 0
+        for request_id in request_ids:
+            issued += await self.abort(request_id, reason)
+        return issued
+
+    async def abort_all(self, reason: str) -> int:
+        return await self.abort_many(list(self._active), reason)

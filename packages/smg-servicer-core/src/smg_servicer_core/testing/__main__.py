@@ -1,0 +1,68 @@
+"""``python -m smg_servicer_core.testing``: serve the fake engine as a real process.
+
+Used by the lifecycle tests (real signals, real exit codes) and by ``tools/bench``. Takes the
+shared server flags plus fake-engine knobs; ``--port-file`` receives the bound port once the
+server listens (useful with ``--port 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from smg_servicer_core.cli import resolve_server, server_options, server_parser
+from smg_servicer_core.entry import configure_logging, run_main
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.server import serve
+from smg_servicer_core.testing.fake_engine import FakeEngine, FakeScript
+from smg_servicer_core.testing.fake_servicer import SERVICE_NAME, FakeEngineServicer
+
+logger = logging.getLogger("smg_servicer_core.testing")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m smg_servicer_core.testing", parents=[server_parser()]
+    )
+    parser.add_argument("--tokenizer-path", default=None)
+    parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--ready-delay-s", type=float, default=0.0)
+    parser.add_argument("--port-file", type=Path, default=None)
+    return parser
+
+
+async def _main(args: argparse.Namespace) -> int:
+    resolved = resolve_server(args, os.environ)
+    configure_logging(resolved["log_level"])
+    logger.info("settings: %s", resolved.describe())
+    engine = FakeEngine(
+        script=FakeScript(
+            first_token_delay_s=args.first_token_delay_ms / 1000.0,
+            token_delay_s=args.token_delay_ms / 1000.0,
+        ),
+        ready_delay_s=args.ready_delay_s,
+    )
+    health = HealthFrame(SERVICE_NAME)
+    servicer = FakeEngineServicer(engine, health, tokenizer_path=args.tokenizer_path)
+
+    def announce(port: int) -> None:
+        if args.port_file is not None:
+            tmp = args.port_file.with_suffix(".tmp")
+            tmp.write_text(str(port))
+            tmp.replace(args.port_file)
+
+    return await serve(
+        [servicer.binding()], health, engine, server_options(resolved), on_started=announce
+    )
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    run_main(lambda: _main(args), "smg-servicer-fake")
+
+
+if __name__ == "__main__":
+    main()
