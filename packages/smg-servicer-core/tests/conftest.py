@@ -42,6 +42,9 @@ async def stack(tokenizer_dir: Path) -> AsyncIterator[Stack]:
     engine = FakeEngine()
     health = HealthFrame(SERVICE_NAME)
     servicer = FakeEngineServicer(engine, health, tokenizer_path=tokenizer_dir)
-    async with running_server([servicer.binding()], health, engine) as server:
-        yield Stack(engine, health, servicer, server,
-                    mlx_engine_pb2_grpc.MlxEngineStub(server.channel))
+    async with running_server(
+        [servicer.binding()], health, engine, in_flight=lambda: len(servicer.registry)
+    ) as server:
+        yield Stack(
+            engine, health, servicer, server, mlx_engine_pb2_grpc.MlxEngineStub(server.channel)
+        )

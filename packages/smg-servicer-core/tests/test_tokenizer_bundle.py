@@ -22,8 +22,12 @@ from smg_servicer_core.tokenizer_bundle import (
 @pytest.mark.unit
 def test_only_allow_listed_files_are_selected(tokenizer_dir: Path) -> None:
     names = [n for n, _ in select_files(tokenizer_dir)]
-    assert names == ["tokenizer.json", "tokenizer_config.json", "config.json",
-                     "chat_template.jinja"]
+    assert names == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+        "chat_template.jinja",
+    ]
 
 
 @pytest.mark.unit
@@ -58,7 +62,9 @@ def test_empty_directory_is_a_failed_precondition(tmp_path: Path) -> None:
         build_bundle(tmp_path)
 
 
-async def _fetch(stub, ) -> list[common_pb2.GetTokenizerChunk]:
+async def _fetch(
+    stub,
+) -> list[common_pb2.GetTokenizerChunk]:
     return [c async for c in stub.GetTokenizer(common_pb2.GetTokenizerRequest())]
 
 
@@ -73,7 +79,8 @@ async def test_stream_matches_the_router_contract(stack, tokenizer_dir: Path) ->
     assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         assert sorted(archive.namelist()) == sorted(
-            ["tokenizer.json", "tokenizer_config.json", "config.json", "chat_template.jinja"])
+            ["tokenizer.json", "tokenizer_config.json", "config.json", "chat_template.jinja"]
+        )
         assert all("/" not in n for n in archive.namelist())
         assert archive.read("tokenizer.json") == (tokenizer_dir / "tokenizer.json").read_bytes()
         assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in archive.infolist())

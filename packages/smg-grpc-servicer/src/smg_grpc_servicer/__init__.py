@@ -2,7 +2,8 @@
 
 | path engines / users call | provided by |
 |---|---|
-| ``smg_grpc_servicer.vllm.VllmEngineServicer`` / ``.VllmHealthServicer`` (+ ``.servicer``, ``.health_servicer``) | ``smg-servicer-vllm`` |
+| ``smg_grpc_servicer.vllm.VllmEngineServicer``, ``.VllmHealthServicer`` | ``smg-servicer-vllm`` |
+| ``smg_grpc_servicer.vllm.servicer``, ``.vllm.health_servicer`` | ``smg-servicer-vllm`` |
 | ``smg_grpc_servicer.sglang.server.serve_grpc`` | ``smg-servicer-sglang`` |
 | ``python -m smg_grpc_servicer.mlx`` (and ``.mlx.server``) | ``smg-servicer-mlx`` |
 | ``python -m smg_grpc_servicer.tokenspeed`` | ``smg-servicer-tokenspeed`` |

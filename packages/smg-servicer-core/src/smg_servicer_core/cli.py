@@ -4,8 +4,8 @@
 |---|---|---|---|
 | ``--host`` | ``SMG_SERVICER_HOST`` | ``0.0.0.0`` | address to bind |
 | ``--port`` | ``SMG_SERVICER_PORT`` | ``50051`` | TCP port (0 picks a free one) |
-| ``--grace-period`` | ``SMG_SERVICER_GRACE_PERIOD_S`` | ``30`` | seconds in-flight calls may drain after SIGTERM |
-| ``--max-message-mb`` | ``SMG_SERVICER_MAX_MESSAGE_MB`` | ``256`` | gRPC message size limit, both directions |
+| ``--grace-period`` | ``SMG_SERVICER_GRACE_PERIOD_S`` | ``30`` | drain time after SIGTERM (s) |
+| ``--max-message-mb`` | ``SMG_SERVICER_MAX_MESSAGE_MB`` | ``256`` | message size limit (MiB) |
 | ``--log-level`` | ``SMG_SERVICER_LOG_LEVEL`` | ``info`` | debug, info, warning, error |
 """
 

@@ -10,7 +10,7 @@ A ``Generate`` call tracks its request for as long as it runs::
 
 Three things can stop a request early: an ``Abort`` RPC (:meth:`RequestRegistry.abort`), the
 client cancelling the call, or an error while streaming. Each of them ends in the same place,
-:meth:`RequestHandle._stop`, which calls the engine's abort at most once. A request that finished
+:meth:`RequestHandle.stop`, which calls the engine's abort at most once. A request that finished
 normally is never aborted in the engine. ``Abort`` for an unknown or finished id is a no-op, and
 aborting twice is harmless.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from smg_servicer_core.errors import AlreadyExists, InvalidRequest
@@ -52,7 +52,11 @@ class RequestHandle:
     def aborted(self) -> bool:
         return self.abort_reason is not None
 
-    async def _stop(self, reason: str) -> bool:
+    def mark_finished(self) -> None:
+        """The request ended normally: it must never be aborted in the engine afterwards."""
+        self._done = not self._stopped
+
+    async def stop(self, reason: str) -> bool:
         """Stop the engine request once. True if this call issued the engine abort."""
         if self._done or self._stopped:
             return False
@@ -83,7 +87,7 @@ class RequestRegistry:
         return self._active.get(request_id)
 
     @asynccontextmanager
-    async def track(self, request_id: str) -> AsyncIterator[RequestHandle]:
+    async def track(self, request_id: str) -> AsyncGenerator[RequestHandle]:
         if not request_id:
             raise InvalidRequest("request_id must not be empty")
         if request_id in self._active:
@@ -92,12 +96,12 @@ class RequestRegistry:
         self._active[request_id] = handle
         try:
             yield handle
-            handle._done = not handle._stopped  # noqa: SLF001 - same module
+            handle.mark_finished()
         except asyncio.CancelledError:
-            await asyncio.shield(handle._stop("client cancelled"))  # noqa: SLF001
+            await asyncio.shield(handle.stop("client cancelled"))
             raise
         except BaseException:
-            await asyncio.shield(handle._stop("error"))  # noqa: SLF001
+            await asyncio.shield(handle.stop("error"))
             raise
         finally:
             self._active.pop(request_id, None)
@@ -107,7 +111,7 @@ class RequestRegistry:
         handle = self._active.get(request_id)
         if handle is None:
             return False
-        return await handle._stop(reason)  # noqa: SLF001
+        return await handle.stop(reason)
 
     async def abort_many(self, request_ids: list[str], reason: str = "aborted by request") -> int:
         issued = 0

@@ -22,7 +22,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 import grpc.aio
@@ -40,6 +40,7 @@ MiB = 1024 * 1024
 #: 256 MiB fits the largest preprocessed image batches the router sends.
 DEFAULT_MAX_MESSAGE_BYTES = 256 * MiB
 DEFAULT_GRACE_PERIOD_S = 30.0
+DRAIN_POLL_S = 0.05
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -56,6 +57,9 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
+        # grpc enables SO_REUSEPORT by default: a second worker on the same port would bind
+        # "successfully" and silently share the router's connections. Fail the bind instead.
+        ("grpc.so_reuseport", 0),
         # Long streams must not be cut by connection ageing.
         ("grpc.max_connection_idle_ms", 2**31 - 1),
     ]
@@ -97,7 +101,7 @@ class ServerOptions:
         return f"{host}:{self.port}"
 
 
-_HandlerFn = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 class DrainGate(grpc.aio.ServerInterceptor):
@@ -107,11 +111,11 @@ class DrainGate(grpc.aio.ServerInterceptor):
         self.closed = False
         self._exempt = tuple(exempt_prefixes)
 
-    async def intercept_service(
+    async def intercept_service(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> _Handler | None:
         handler = await continuation(handler_call_details)
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if not self.closed or handler is None or method.startswith(self._exempt):
@@ -122,7 +126,7 @@ class DrainGate(grpc.aio.ServerInterceptor):
 _SHUTTING_DOWN = "server is shutting down; retry on another worker"
 
 
-def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _refusing_handler(handler: _Handler) -> _Handler:
     async def refuse_unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(grpc.StatusCode.UNAVAILABLE, _SHUTTING_DOWN)
 
@@ -157,7 +161,7 @@ class Server:
         )
         for binding in bindings:
             binding.register(self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(health, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(health, self._server)  # pyright: ignore[reportUnknownMemberType]
         names = [b.full_name for b in bindings]
         reflection.enable_server_reflection(
             (*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), self._server
@@ -172,11 +176,22 @@ class Server:
     async def start(self) -> None:
         await self._server.start()
 
-    async def drain(self, grace_s: float) -> None:
-        """NOT_SERVING, refuse new calls, let in-flight calls finish for up to ``grace_s``."""
+    async def drain(self, grace_s: float, in_flight: Callable[[], int] | None = None) -> None:
+        """NOT_SERVING, refuse new calls, let in-flight calls finish for up to ``grace_s``.
+
+        While ``in_flight()`` is above zero the server keeps listening, so probes read
+        NOT_SERVING and new calls get UNAVAILABLE from the gate (not a refused connection). Then
+        the server stops, giving what is left of the grace period to calls still open.
+        """
         self.health.enter_shutdown()
         self.gate.closed = True
-        await self._server.stop(grace_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        if in_flight is not None:
+            # A counter owned by the servicer, polled: no event to wait on.
+            while in_flight() > 0 and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(DRAIN_POLL_S)
+        await self._server.stop(max(deadline - loop.time(), 0.0))
 
 
 async def _first(*aws: Awaitable[Any]) -> tuple[int, Any]:
@@ -215,8 +230,13 @@ async def serve(
     stop_event: asyncio.Event | None = None,
     handle_signals: bool = True,
     on_started: Callable[[int], None] | None = None,
+    in_flight: Callable[[], int] | None = None,
 ) -> int:
-    """Run until a stop signal or engine death. Returns the process exit code (0 or 1)."""
+    """Run until a stop signal or engine death. Returns the process exit code (0 or 1).
+
+    ``in_flight`` (for example ``lambda: len(servicer.registry)``) lets the drain end as soon as
+    the last request finishes instead of waiting for the connection-level stop.
+    """
     stop = stop_event or asyncio.Event()
     server = Server(bindings, health, options)
     await server.start()
@@ -241,7 +261,7 @@ async def serve(
             await server.drain(0)
         else:
             logger.info("stopping: draining for up to %.1fs", options.grace_period_s)
-            await server.drain(options.grace_period_s)
+            await server.drain(options.grace_period_s, in_flight)
     await engine.shutdown()
     logger.info("stopped (exit %d)", code)
     return code

@@ -29,9 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from smg_grpc_proto.generated import common_pb2
-
 from smg_servicer_core.errors import FailedPrecondition
+from smg_servicer_core.proto import common_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class TokenizerBundleCache:
     async def get(self, directory: str | Path | None) -> TokenizerBundle:
         if not directory:
             raise FailedPrecondition("Tokenizer path is not configured on this server.")
-        key = Path(directory).resolve()
+        key = Path(directory)
         cached = self._ready.get(key)
         if cached is not None:
             return cached

@@ -1,1 +1,1 @@
-"""``smg_grpc_servicer.mlx``: ``python -m smg_grpc_servicer.mlx --model ... --host ... --port ...``."""
+"""``smg_grpc_servicer.mlx``: ``python -m smg_grpc_servicer.mlx --model M --host H --port P``."""

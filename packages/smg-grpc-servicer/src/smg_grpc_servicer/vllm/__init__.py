@@ -8,10 +8,14 @@ from typing import Any
 
 from smg_grpc_servicer._delegate import load
 
-__all__ = ["VllmEngineServicer", "VllmHealthServicer"]
+_LAZY_NAMES = ("VllmEngineServicer", "VllmHealthServicer")
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in _LAZY_NAMES:
         return getattr(load("vllm"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY_NAMES])

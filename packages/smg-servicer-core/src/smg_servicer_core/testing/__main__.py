@@ -55,7 +55,12 @@ async def _main(args: argparse.Namespace) -> int:
             tmp.replace(args.port_file)
 
     return await serve(
-        [servicer.binding()], health, engine, server_options(resolved), on_started=announce
+        [servicer.binding()],
+        health,
+        engine,
+        server_options(resolved),
+        on_started=announce,
+        in_flight=lambda: len(servicer.registry),
     )
 
 

@@ -144,8 +144,10 @@ class FakeEngine:
                     return
                 if script.fail_after is not None and step >= script.fail_after:
                     raise EngineFault(script.fault_message)
-                token = tokens[step] if tokens is not None else derived_token(
-                    prompt_ids, step, self.vocab_size
+                token = (
+                    tokens[step]
+                    if tokens is not None
+                    else derived_token(prompt_ids, step, self.vocab_size)
                 )
                 self.produced[request_id] += 1
                 if token in stop_token_ids:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc.aio
-from smg_grpc_proto.generated import common_pb2, mlx_engine_pb2, mlx_engine_pb2_grpc
 
 from smg_servicer_core.errors import Aborted, InvalidRequest, grpc_errors
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.loads import LoadTracker
+from smg_servicer_core.proto import common_pb2, mlx_engine_pb2, mlx_engine_pb2_grpc
 from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.server import ServiceBinding
 from smg_servicer_core.testing.fake_engine import FakeEngine
@@ -56,11 +56,10 @@ class FakeEngineServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
         self.started = time.monotonic()
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding(
-            SERVICE_NAME, lambda server: mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server(
-                self, server
-            )
-        )
+        def register(server: grpc.aio.Server) -> None:
+            mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server(self, server)  # pyright: ignore[reportUnknownMemberType]
+
+        return ServiceBinding(SERVICE_NAME, register)
 
     @grpc_errors
     async def Generate(

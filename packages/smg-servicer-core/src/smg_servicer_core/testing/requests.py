@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Literal
 
-from smg_grpc_proto.generated import (
+from smg_servicer_core.proto import (
     mlx_engine_pb2,
     sglang_scheduler_pb2,
     tokenspeed_scheduler_pb2,
@@ -53,8 +53,6 @@ def generate_request(
     )
 
 
-def mlx_generate(
-    input_ids: Sequence[int], **kwargs: Any
-) -> mlx_engine_pb2.GenerateRequest:
+def mlx_generate(input_ids: Sequence[int], **kwargs: Any) -> mlx_engine_pb2.GenerateRequest:
     request: mlx_engine_pb2.GenerateRequest = generate_request("mlx", input_ids, **kwargs)
     return request

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc.aio
@@ -38,8 +38,9 @@ class RunningServer:
     async def stop(self, timeout_s: float = 30.0) -> int:
         """Request a graceful stop (as SIGTERM does) and wait for ``serve()`` to return."""
         self.stop_event.set()
-        self.exit_code = await asyncio.wait_for(asyncio.shield(self.task), timeout_s)
-        return self.exit_code
+        code = await asyncio.wait_for(asyncio.shield(self.task), timeout_s)
+        self.exit_code = code
+        return code
 
 
 @contextlib.asynccontextmanager
@@ -49,7 +50,8 @@ async def running_server(
     engine: EngineLifecycle,
     *,
     grace_period_s: float = 5.0,
-) -> AsyncIterator[RunningServer]:
+    in_flight: Callable[[], int] | None = None,
+) -> AsyncGenerator[RunningServer]:
     stop = asyncio.Event()
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     options = ServerOptions(host="127.0.0.1", port=0, grace_period_s=grace_period_s)
@@ -62,10 +64,12 @@ async def running_server(
             stop_event=stop,
             handle_signals=False,
             on_started=bound.set_result,
+            in_flight=in_flight,
         )
     )
-    done, _ = await asyncio.wait({bound, task}, timeout=START_TIMEOUT_S,
-                                 return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(
+        {bound, task}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+    )
     if bound not in done:
         task.cancel()
         if task in done:

@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import random
+import shutil
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,7 +99,12 @@ def _write_tokenizer(out: Path, spec: TinyModelSpec) -> dict[str, int]:
     )
     tokenizer.train_from_iterator(_corpus(spec.seed, spec.corpus_sentences), trainer=trainer)
     tokenizer.save(str(out / "tokenizer.json"))
-    ids = {name: tokenizer.token_to_id(name) for name in SPECIALS}
+    ids: dict[str, int] = {}
+    for name in SPECIALS:
+        token_id = tokenizer.token_to_id(name)
+        if token_id is None:
+            raise RuntimeError(f"special token {name} missing from the trained vocabulary")
+        ids[name] = token_id
     added = {
         str(ids[name]): {
             "content": name,
@@ -232,8 +238,11 @@ def _config(spec: TinyModelSpec, ids: dict[str, int]) -> dict[str, Any]:
         "dtype": spec.dtype,
     }
     if spec.arch == "qwen2":
-        config |= {"use_sliding_window": False, "sliding_window": None,
-                   "max_window_layers": spec.layers}
+        config |= {
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": spec.layers,
+        }
     return config
 
 
@@ -247,8 +256,12 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
     _dump(out / "config.json", config)
     _dump(
         out / "generation_config.json",
-        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-         "pad_token_id": config["pad_token_id"], "do_sample": False},
+        {
+            "bos_token_id": config["bos_token_id"],
+            "eos_token_id": config["eos_token_id"],
+            "pad_token_id": config["pad_token_id"],
+            "do_sample": False,
+        },
     )
     write_safetensors(out / "model.safetensors", _weights(spec, ids["vocab"]), spec.dtype)
     return out
@@ -267,15 +280,14 @@ def cached_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None)
     try:
         staging.rename(final)
     except OSError:  # another process won the race; theirs is identical
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
     return final
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("out_dir")
     parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")

@@ -1,0 +1,60 @@
+"""Until an engine package is installed, every facade path names the package to install."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+import smg_grpc_servicer
+
+MISSING = {
+    "smg_grpc_servicer.vllm.servicer": "smg-servicer-vllm",
+    "smg_grpc_servicer.vllm.health_servicer": "smg-servicer-vllm",
+    "smg_grpc_servicer.sglang.server": "smg-servicer-sglang",
+}
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.unit
+def test_version_satisfies_engine_requirements() -> None:
+    major, minor = (int(x) for x in smg_grpc_servicer.__version__.split(".")[:2])
+    assert (major, minor) >= (0, 9)  # SGLang 0.5.23 requires smg-grpc-servicer>=0.9.0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("path", "dist"), MISSING.items())
+def test_missing_engine_package_is_named(path: str, dist: str) -> None:
+    if _installed(dist.replace("-", "_")):
+        pytest.fail(f"{dist} is installed in this environment; this test covers its absence")
+    with pytest.raises(ImportError, match=f"{dist}.*pip install '{dist}\\["):
+        importlib.import_module(path)
+
+
+@pytest.mark.unit
+def test_lazy_vllm_names_raise_import_error() -> None:
+    import smg_grpc_servicer.vllm as facade
+
+    with pytest.raises(ImportError, match="smg-servicer-vllm"):
+        _ = facade.VllmEngineServicer
+    with pytest.raises(AttributeError):
+        _ = facade.NoSuchThing
+
+
+@pytest.mark.unit
+def test_python_m_tokenspeed_names_the_package() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "smg_grpc_servicer.tokenspeed", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "smg-servicer-tokenspeed" in result.stderr

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import mlx_engine_pb2 as pb
+from smg_grpc_proto.generated import mlx_engine_pb2_grpc
+
+from smg_servicer_core import errors
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.server import EngineLifecycle, ServiceBinding
+from smg_servicer_core.testing import FakeEngine, FakeScript, mlx_generate, running_server
+
+EXPECTED = {
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    errors.Unsupported: grpc.StatusCode.UNIMPLEMENTED,
+    errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Aborted: grpc.StatusCode.ABORTED,
+    errors.DataLoss: grpc.StatusCode.DATA_LOSS,
+}
+
+
+def _all_error_classes() -> set[type[errors.ServicerError]]:
+    found: set[type[errors.ServicerError]] = set()
+    todo: list[type[errors.ServicerError]] = [errors.ServicerError]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__ == errors.__name__:
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
+@pytest.mark.unit
+def test_every_error_class_is_covered() -> None:
+    assert _all_error_classes() == set(EXPECTED)
+
+
+class RaisingServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
+    """Raises whatever ``self.to_raise`` holds, unary or mid-stream."""
+
+    to_raise: BaseException = RuntimeError("boom")
+
+    @errors.grpc_errors
+    async def GetServerInfo(self, request: Any, context: Any) -> pb.GetServerInfoResponse:
+        raise self.to_raise
+
+    @errors.grpc_errors
+    async def Generate(self, request: Any, context: Any) -> AsyncIterator[pb.GenerateResponse]:
+        yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[1]))
+        raise self.to_raise
+
+
+@pytest.fixture
+async def raising() -> AsyncIterator[tuple[RaisingServicer, mlx_engine_pb2_grpc.MlxEngineStub]]:
+    servicer = RaisingServicer()
+    engine: EngineLifecycle = FakeEngine()
+    binding = ServiceBinding(
+        "mlx.grpc.engine.MlxEngine",
+        lambda s: mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server(servicer, s),
+    )
+    async with running_server([binding], HealthFrame("x"), engine) as server:
+        yield servicer, mlx_engine_pb2_grpc.MlxEngineStub(server.channel)
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize(
+    ("cls", "code"), list(EXPECTED.items()), ids=lambda v: getattr(v, "__name__", str(v))
+)
+async def test_error_class_maps_to_its_code(raising, cls, code) -> None:
+    servicer, stub = raising
+    servicer.to_raise = cls("the client may read this")
+    with pytest.raises(grpc.aio.AioRpcError) as unary:
+        await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert unary.value.code() == code
+    assert unary.value.details() == "the client may read this"
+    call = stub.Generate(mlx_generate([1, 2], request_id="r-mid"))
+    with pytest.raises(grpc.aio.AioRpcError) as streamed:
+        async for _ in call:
+            pass
+    assert streamed.value.code() == code
+
+
+@pytest.mark.contract
+async def test_unexpected_exception_is_internal_without_its_text(raising, caplog) -> None:
+    servicer, stub = raising
+    servicer.to_raise = KeyError("/srv/secret/path token=abc123")
+    caplog.set_level(logging.ERROR, logger="smg_servicer_core.errors")
+    call = stub.Generate(mlx_generate([1, 2], request_id="req-42"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    details = info.value.details() or ""
+    assert "req-42" in details
+    assert "secret" not in details and "abc123" not in details and "KeyError" not in details
+    assert any(r.exc_info and "abc123" in str(r.exc_info[1]) for r in caplog.records), (
+        "the traceback goes to the log"
+    )
+
+
+@pytest.mark.contract
+async def test_engine_fault_mid_stream_never_leaks(stack) -> None:
+    stack.engine.default_script = FakeScript(fail_after=3)
+    chunks = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for response in stack.stub.Generate(mlx_generate([5, 6], stream=True, max_tokens=10)):
+            chunks.append(response)
+    assert len(chunks) == 3
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "secret" not in (info.value.details() or "")
+    assert len(stack.servicer.registry) == 0
+
+
+@pytest.mark.unit
+def test_long_messages_are_cut() -> None:
+    code, detail = errors.status_for(errors.InvalidRequest("x" * 5000))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(detail) == errors.MAX_DETAIL_CHARS

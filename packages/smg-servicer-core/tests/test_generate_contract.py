@@ -1,0 +1,147 @@
+"""Generate / Abort / info RPCs of the fake servicer: stream order, abort paths, exact counts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import mlx_engine_pb2 as pb
+
+from smg_servicer_core.testing import FakeScript, mlx_generate
+from smg_servicer_core.testing.fake_engine import derived_token
+
+
+async def _read_all(call) -> list[pb.GenerateResponse]:
+    out = []
+    while (message := await call.read()) is not grpc.aio.EOF:
+        out.append(message)
+    return out
+
+
+async def _wait_for(predicate, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.contract
+async def test_stream_is_chunks_then_one_complete(stack) -> None:
+    prompt = [7, 8, 9]
+    responses = await _read_all(
+        stack.stub.Generate(mlx_generate(prompt, stream=True, max_tokens=5))
+    )
+    kinds = [r.WhichOneof("response") for r in responses]
+    assert kinds == ["chunk"] * 5 + ["complete"]
+    ids = [t for r in responses[:-1] for t in r.chunk.token_ids]
+    assert ids == [derived_token(prompt, i, stack.engine.vocab_size) for i in range(5)]
+    complete = responses[-1].complete
+    assert (complete.finish_reason, complete.prompt_tokens, complete.completion_tokens) == (
+        "length",
+        3,
+        5,
+    )
+
+
+@pytest.mark.contract
+async def test_non_stream_returns_all_ids_and_stop_token(stack) -> None:
+    stack.engine.default_script = FakeScript(tokens=[10, 11, 12, 13])
+    responses = await _read_all(
+        stack.stub.Generate(mlx_generate([1], max_tokens=10, stop_token_ids=[12]))
+    )
+    assert len(responses) == 1
+    complete = responses[0].complete
+    assert list(complete.output_ids) == [10, 11, 12]
+    assert complete.finish_reason == "stop"
+    assert complete.matched_stop_token_id == 12
+
+
+@pytest.mark.contract
+async def test_abort_rpc_mid_stream_stops_the_engine(stack) -> None:
+    stack.engine.default_script = FakeScript(token_delay_s=0.02)
+    call = stack.stub.Generate(
+        mlx_generate([1, 2], stream=True, max_tokens=1000, request_id="victim")
+    )
+    await call.read()
+    info = await stack.stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert info.active_requests == 1
+    await stack.stub.Abort(pb.AbortRequest(request_ids=["victim", "unknown-id"]))
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await _read_all(call)
+    assert ended.value.code() == grpc.StatusCode.ABORTED  # a clear end, not a silent truncation
+    produced = stack.engine.produced["victim"]
+    await asyncio.sleep(0.1)
+    assert stack.engine.produced["victim"] == produced, "engine kept producing after abort"
+    assert stack.engine.abort_calls["victim"] == 1
+    assert "unknown-id" not in stack.engine.abort_calls
+    info = await stack.stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert info.active_requests == 0
+
+
+@pytest.mark.contract
+async def test_client_cancel_aborts_in_engine_once(stack) -> None:
+    stack.engine.default_script = FakeScript(token_delay_s=0.02)
+    call = stack.stub.Generate(
+        mlx_generate([1, 2], stream=True, max_tokens=1000, request_id="leaver")
+    )
+    await call.read()
+    call.cancel()
+    await _wait_for(lambda: len(stack.servicer.registry) == 0)
+    assert stack.engine.abort_calls["leaver"] == 1
+    assert "leaver" not in stack.engine.running
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize(
+    "request_",
+    [
+        mlx_generate([]),
+        mlx_generate([4096]),
+        mlx_generate(list(range(2048))),
+        pb.GenerateRequest(request_id="t", text="hello"),
+    ],
+    ids=["empty", "id-over-vocab", "over-context", "text-input"],
+)
+async def test_bad_input_is_invalid_argument_and_server_stays_healthy(stack, request_) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _read_all(stack.stub.Generate(request_))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    health = await stack.stub.HealthCheck(pb.HealthCheckRequest())
+    assert health.healthy
+
+
+@pytest.mark.contract
+async def test_duplicate_in_flight_id_is_already_exists(stack) -> None:
+    stack.engine.default_script = FakeScript(token_delay_s=0.02)
+    first = stack.stub.Generate(mlx_generate([1], stream=True, max_tokens=100, request_id="dup"))
+    await first.read()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _read_all(stack.stub.Generate(mlx_generate([1], request_id="dup")))
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    first.cancel()
+
+
+@pytest.mark.contract
+async def test_thirty_two_concurrent_streams_have_exact_counts(stack) -> None:
+    async def one(i: int) -> tuple[int, int]:
+        responses = await _read_all(
+            stack.stub.Generate(mlx_generate([i + 1], stream=True, max_tokens=20 + i))
+        )
+        streamed = sum(len(r.chunk.token_ids) for r in responses[:-1])
+        return streamed, responses[-1].complete.completion_tokens
+
+    results = await asyncio.gather(*(one(i) for i in range(32)))
+    assert results == [(20 + i, 20 + i) for i in range(32)]
+    assert len(stack.servicer.registry) == 0
+
+
+@pytest.mark.contract
+async def test_health_check_and_model_info(stack) -> None:
+    health = await stack.stub.HealthCheck(pb.HealthCheckRequest())
+    assert health.healthy
+    info = await stack.stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.vocab_size == 4096 and list(info.eos_token_ids) == [2, 0]
+    server = await stack.stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert server.server_type == "fake-grpc" and server.uptime_seconds > 0

@@ -1,0 +1,188 @@
+"""The serve() lifecycle on a real process: signals, health transitions, drain, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from smg_grpc_proto.generated import mlx_engine_pb2 as pb
+from smg_grpc_proto.generated import mlx_engine_pb2_grpc
+
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.testing import FakeEngine, FakeEngineServicer, mlx_generate, running_server
+from smg_servicer_core.testing.fake_servicer import SERVICE_NAME
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _spawn(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "smg_servicer_core.testing",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 20
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"server did not start: {proc.communicate()[0].decode()}")
+        time.sleep(0.02)
+    return proc, int(port_file.read_text())
+
+
+async def _read_all(stream: grpc.aio.UnaryStreamCall) -> list[pb.GenerateResponse]:
+    out = []
+    while (message := await stream.read()) is not grpc.aio.EOF:
+        out.append(message)
+    return out
+
+
+@pytest.fixture
+def slow_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    proc, port = _spawn(
+        tmp_path, "--ready-delay-s", "1.0", "--token-delay-ms", "40", "--grace-period", "20"
+    )
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+async def _status(health: Any, service: str = "") -> int:
+    response = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+    return response.status
+
+
+async def _wait_status(health: Any, want: int, service: str = "") -> None:
+    for _ in range(200):
+        if await _status(health, service) == want:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"health never became {want}")
+
+
+@pytest.mark.contract
+async def test_sigterm_drains_in_flight_and_refuses_new_calls(slow_server) -> None:
+    proc, port = slow_server
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        stub = mlx_engine_pb2_grpc.MlxEngineStub(channel)
+        # NOT_SERVING while the engine starts, for the process and the engine service.
+        assert await _status(health) == NOT_SERVING
+        assert await _status(health, SERVICE_NAME) == NOT_SERVING
+        await _wait_status(health, SERVING)
+        assert await _status(health, SERVICE_NAME) == SERVING
+
+        stream = stub.Generate(mlx_generate([3, 4, 5], stream=True, max_tokens=30))
+        first = await stream.read()
+        assert first.HasField("chunk")
+        proc.send_signal(signal.SIGTERM)
+        await _wait_status(health, NOT_SERVING)
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        rest = await _read_all(stream)
+        assert rest[-1].HasField("complete")
+        assert rest[-1].complete.completion_tokens == 30
+        assert sum(len(r.chunk.token_ids) for r in [first, *rest[:-1]]) == 30
+    assert await asyncio.to_thread(proc.wait, 20) == 0
+
+
+@pytest.mark.contract
+def test_sigint_with_nothing_in_flight_exits_zero(tmp_path: Path) -> None:
+    proc, _ = _spawn(tmp_path)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(20) == 0
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize(
+    "flags", [("--port", "70000"), ("--grace-period", "-1"), ("--log-level", "loud")]
+)
+def test_configuration_error_exits_two_with_one_line(flags: tuple[str, str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "smg_servicer_core.testing", *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "SMG_SERVICER_HOST": "127.0.0.1"},
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "configuration error" in lines[0] and flags[0] in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.contract
+def test_port_in_use_is_a_configuration_error(tmp_path: Path) -> None:
+    proc, port = _spawn(tmp_path)
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "smg_servicer_core.testing",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert "cannot bind" in result.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.contract
+async def test_engine_death_exits_one_and_cuts_streams() -> None:
+    engine = FakeEngine()
+    health = HealthFrame(SERVICE_NAME)
+    servicer = FakeEngineServicer(engine, health)
+    from smg_servicer_core.testing import FakeScript
+
+    engine.default_script = FakeScript(token_delay_s=0.05)
+    async with running_server([servicer.binding()], health, engine) as srv:
+        stub = mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
+        stream = stub.Generate(mlx_generate([1, 2], stream=True, max_tokens=100))
+        await stream.read()
+        engine.kill("scheduler process exited")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await _read_all(stream)
+        code = await asyncio.wait_for(asyncio.shield(srv.task), 10)
+    assert code == 1
+    assert health.status() == NOT_SERVING
+    assert engine.shutdown_calls == 1

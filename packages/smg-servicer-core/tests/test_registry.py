@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from smg_servicer_core.errors import AlreadyExists, InvalidRequest
+from smg_servicer_core.registry import RequestRegistry
+
+
+class CountingEngine:
+    def __init__(self) -> None:
+        self.aborts: Counter[str] = Counter()
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.sleep(0)
+        self.aborts[request_id] += 1
+
+
+@pytest.mark.unit
+async def test_thousand_concurrent_start_abort_pairs() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    started = {f"r{i}": asyncio.Event() for i in range(1000)}
+
+    async def request(rid: str) -> None:
+        async with registry.track(rid) as handle:
+            started[rid].set()
+            await handle.stopped.wait()
+
+    async def aborter(rid: str) -> None:
+        await started[rid].wait()
+        # Two Abort RPCs for the same id (the router may send more than one): one engine abort.
+        await asyncio.gather(registry.abort(rid), registry.abort(rid))
+
+    await asyncio.wait_for(
+        asyncio.gather(*(request(r) for r in started), *(aborter(r) for r in started)), 30
+    )
+    assert len(registry) == 0
+    assert set(engine.aborts) == set(started)
+    assert set(engine.aborts.values()) == {1}
+
+
+@pytest.mark.unit
+async def test_cancel_then_abort_rpc_aborts_once() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    entered = asyncio.Event()
+
+    async def request() -> None:
+        async with registry.track("r") as _:
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(request())
+    await entered.wait()
+    assert len(registry) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await registry.abort("r") is False  # already gone: a no-op
+    assert engine.aborts == Counter({"r": 1})
+    assert len(registry) == 0
+
+
+@pytest.mark.unit
+async def test_normal_finish_is_never_aborted() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    async with registry.track("r"):
+        pass
+    assert await registry.abort("r") is False
+    assert not engine.aborts
+
+
+@pytest.mark.unit
+async def test_unknown_id_is_a_no_op_and_duplicates_are_refused() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    assert await registry.abort("nope") is False
+    async with registry.track("r"):
+        with pytest.raises(AlreadyExists):
+            async with registry.track("r"):
+                pass
+    with pytest.raises(InvalidRequest):
+        async with registry.track(""):
+            pass
+    assert not engine.aborts
+
+
+@pytest.mark.unit
+async def test_error_inside_aborts_the_engine_request() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    with pytest.raises(ValueError, match="x"):
+        async with registry.track("r"):
+            raise ValueError("x")
+    assert engine.aborts == Counter({"r": 1})
