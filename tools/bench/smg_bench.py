@@ -1,0 +1,298 @@
+"""gRPC load generator for any SMG servicer; prints one JSON line.
+
+    python tools/bench/smg_bench.py --spawn-fake --concurrency 16 --requests 256 --max-tokens 128
+    python tools/bench/smg_bench.py --target 127.0.0.1:50051 --wire vllm --server-pid 1234 ...
+
+Measures, over ``--requests`` Generate calls kept ``--concurrency`` deep:
+output tokens/s, requests/s, TTFT and inter-chunk gaps (p50/p99, ms), the share of streams
+*held back* (first chunk after half the stream's total time: the tokens came in a burst at the
+end instead of as the engine made them), errors by status code, and, when the server process is
+known (``--spawn-fake`` or ``--server-pid``), the CPU-ms its whole process tree spent per 1,000
+output tokens and its peak RSS (summed over the tree, sampled every 50 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import psutil
+
+from smg_servicer_core.proto import (
+    mlx_engine_pb2_grpc,
+    sglang_scheduler_pb2_grpc,
+    tokenspeed_scheduler_pb2_grpc,
+    vllm_engine_pb2_grpc,
+)
+from smg_servicer_core.testing.requests import generate_request
+
+STUBS: dict[str, Any] = {
+    "mlx": mlx_engine_pb2_grpc.MlxEngineStub,  # pyright: ignore[reportUnknownMemberType]
+    "vllm": vllm_engine_pb2_grpc.VllmEngineStub,  # pyright: ignore[reportUnknownMemberType]
+    "sglang": sglang_scheduler_pb2_grpc.SglangSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+    "tokenspeed": tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+}
+
+
+@dataclass
+class StreamResult:
+    tokens: int = 0
+    ttft_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list[float])
+    total_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def held_back(self) -> bool:
+        return self.ttft_s is not None and self.tokens > 1 and self.ttft_s > self.total_s / 2
+
+
+class TreeSampler:
+    """Process-tree CPU time and peak RSS of one server process."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for proc in self._tree():
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def sample_rss(self) -> None:
+        rss = 0
+        for proc in self._tree():
+            try:
+                rss += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.sample_rss()
+
+    def __enter__(self) -> TreeSampler:
+        self.sample_rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample_rss()
+
+
+async def one_request(stub: Any, args: argparse.Namespace, index: int) -> StreamResult:
+    prompt = [(index * 13 + i) % 1000 + 10 for i in range(args.prompt_len)]
+    request = generate_request(
+        args.wire,
+        prompt,
+        max_tokens=args.max_tokens,
+        stream=args.stream,
+        request_id=f"bench-{index}",
+        ignore_eos=True,
+        temperature=0.0,
+    )
+    result = StreamResult()
+    start = last = time.perf_counter()
+    try:
+        call = stub.Generate(request)
+        while (message := await call.read()) is not grpc.aio.EOF:
+            now = time.perf_counter()
+            kind = message.WhichOneof("response")
+            if kind == "chunk" and message.chunk.token_ids:
+                if result.ttft_s is None:
+                    result.ttft_s = now - start
+                else:
+                    result.gaps_s.append(now - last)
+                result.tokens += len(message.chunk.token_ids)
+                last = now
+            elif kind == "complete" and not args.stream:
+                result.ttft_s = now - start
+                result.tokens = message.complete.completion_tokens
+    except grpc.aio.AioRpcError as err:
+        result.error = err.code().name
+    result.total_s = time.perf_counter() - start
+    return result
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0] * 1000
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1000
+
+
+async def run_load(args: argparse.Namespace, address: str) -> tuple[list[StreamResult], float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = STUBS[args.wire](channel)
+        for i in range(args.warmup):  # warm the connection and the engine's first-call paths
+            await one_request(stub, args, -1 - i)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(args.requests):
+            queue.put_nowait(i)
+        results: list[StreamResult] = []
+
+        async def worker() -> None:
+            while not queue.empty():
+                results.append(await one_request(stub, args, queue.get_nowait()))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        return results, time.perf_counter() - start
+
+
+def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    gaps = [g for r in ok for g in r.gaps_s]
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "output_tokens_per_s": round(tokens / wall_s, 1) if wall_s else 0.0,
+        "requests_per_s": round(len(ok) / wall_s, 2) if wall_s else 0.0,
+        "ttft_ms_p50": _round(_pct(ttfts, 50)),
+        "ttft_ms_p99": _round(_pct(ttfts, 99)),
+        "inter_chunk_ms_p50": _round(_pct(gaps, 50)),
+        "inter_chunk_ms_p99": _round(_pct(gaps, 99)),
+        "held_back_share": round(sum(r.held_back for r in ok) / len(ok), 4) if ok else None,
+        "errors": dict(Counter(r.error for r in results if r.error is not None)),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def spawn_fake(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = Path(tempfile.mkdtemp()) / "port"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "smg_servicer_core.testing",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--log-level",
+            "warning",
+            "--token-delay-ms",
+            str(args.fake_token_delay_ms),
+        ],
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("the fake server did not start")
+        time.sleep(0.02)
+    return proc, int(port_file.read_text())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--target", help="HOST:PORT of a running servicer")
+    where.add_argument(
+        "--spawn-fake",
+        action="store_true",
+        help="start core's fake-engine server (MLX wire) and measure it",
+    )
+    parser.add_argument("--wire", choices=sorted(STUBS), default="mlx")
+    parser.add_argument("--server-pid", type=int, help="measure this process tree's CPU and RSS")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--fake-token-delay-ms",
+        type=float,
+        default=0.0,
+        help="with --spawn-fake: per-token engine time (0 = costs nothing)",
+    )
+    parser.add_argument("--label", default="")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
+        parser.error("--concurrency, --requests and --max-tokens must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    proc: subprocess.Popen[bytes] | None = None
+    if args.spawn_fake:
+        proc, port = spawn_fake(args)
+        address, pid = f"127.0.0.1:{port}", proc.pid
+    else:
+        address, pid = args.target, args.server_pid
+    try:
+        sampler = TreeSampler(pid) if pid else None
+        cpu_before = sampler.cpu_s() if sampler else 0.0
+        if sampler:
+            with sampler:
+                results, wall = asyncio.run(run_load(args, address))
+        else:
+            results, wall = asyncio.run(run_load(args, address))
+        report = summarize(results, wall)
+        report.update(
+            label=args.label,
+            wire=args.wire,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            stream=args.stream,
+        )
+        if sampler:
+            cpu_ms = (sampler.cpu_s() - cpu_before) * 1000
+            tokens = max(report["output_tokens"], 1)
+            report["server_cpu_ms_per_1k_tokens"] = round(cpu_ms / tokens * 1000, 2)
+            report["server_peak_rss_mb"] = round(sampler.peak_rss / 2**20, 1)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+    print(json.dumps(report), flush=True)
+    return 0 if report["ok"] == report["requests"] else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+    raise SystemExit(main())

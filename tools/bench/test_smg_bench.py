@@ -1,0 +1,52 @@
+"""tools/bench drives the fake-engine server end to end and reports what it measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).with_name("smg_bench.py")
+
+
+def _run(*flags: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--spawn-fake", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, "exactly one JSON line on stdout"
+    return json.loads(lines[0])
+
+
+@pytest.mark.contract
+def test_streaming_report() -> None:
+    report = _run("--concurrency", "4", "--requests", "12", "--max-tokens", "20")
+    assert report["ok"] == 12 and report["errors"] == {}
+    assert report["output_tokens"] == 12 * 20
+    assert report["held_back_share"] == 0.0
+    for key in (
+        "output_tokens_per_s",
+        "requests_per_s",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "inter_chunk_ms_p50",
+        "inter_chunk_ms_p99",
+        "server_cpu_ms_per_1k_tokens",
+        "server_peak_rss_mb",
+    ):
+        assert isinstance(report[key], float) and report[key] > 0, key
+
+
+@pytest.mark.contract
+def test_non_streaming_report_counts_tokens_from_complete() -> None:
+    report = _run("--no-stream", "--concurrency", "2", "--requests", "4", "--max-tokens", "9")
+    assert report["output_tokens"] == 36
+    assert report["inter_chunk_ms_p50"] is None
