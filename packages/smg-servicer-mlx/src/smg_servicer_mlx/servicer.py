@@ -1,0 +1,167 @@
+"""``mlx.grpc.engine.MlxEngine`` over :class:`~smg_servicer_mlx._engine.MlxEngine`.
+
+Each RPC is validate -> convert -> engine -> convert back. Streaming sends one chunk per token
+(``completion_tokens`` cumulative), then one ``complete`` with empty ``output_ids``; non-streaming
+sends one ``complete`` with every id. An aborted request ends with status ABORTED, never a silent
+truncation; an engine failure mid-request ends with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc.aio
+
+from smg_servicer_core.errors import Aborted, ServicerError, grpc_errors
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import common_pb2, mlx_engine_pb2_grpc
+from smg_servicer_core.proto import mlx_engine_pb2 as pb
+from smg_servicer_core.registry import RequestRegistry
+from smg_servicer_core.server import ServiceBinding
+from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_mlx.params import GenParams, ModelLimits, to_params
+
+if TYPE_CHECKING:
+    from smg_servicer_mlx._engine import MlxEngine, StepOutput
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MlxEngine"].full_name
+SERVER_TYPE = "mlx-grpc"
+
+
+class EngineFailed(ServicerError):
+    """The engine thread ended while the request ran (INTERNAL)."""
+
+
+def _logprobs(outputs: list[StepOutput]) -> pb.OutputLogProbs:
+    return pb.OutputLogProbs(
+        token_logprobs=[o.logprob or 0.0 for o in outputs],
+        token_ids=[o.token for o in outputs if o.token is not None],
+        top_logprobs=[
+            pb.TopLogProbs(values=[v for _, v in o.top], token_ids=[i for i, _ in o.top])
+            for o in outputs
+        ],
+    )
+
+
+class MlxServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
+    def __init__(self, engine: MlxEngine, health: HealthFrame) -> None:
+        self.engine = engine
+        self.health = health
+        info = engine.info
+        self.limits = ModelLimits(info.vocab_size, info.max_context, info.eos_token_ids)
+        self.registry = RequestRegistry(engine.abort)
+        self.bundles = TokenizerBundleCache()
+        self.started = time.monotonic()
+
+    def binding(self) -> ServiceBinding:
+        def register(server: grpc.aio.Server) -> None:
+            mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server(self, server)  # pyright: ignore[reportUnknownMemberType]
+
+        return ServiceBinding(SERVICE_NAME, register)
+
+    @grpc_errors
+    async def Generate(
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        params = to_params(request, self.limits, self.engine.tokenize)
+        outputs: list[StepOutput] = []
+        finish = "length"
+        async with self.registry.track(request.request_id) as handle:
+            async for output in self.engine.generate(request.request_id, params):
+                if output.token is not None:
+                    outputs.append(output)
+                    if request.stream:
+                        yield self._chunk(params, output, len(outputs))
+                if output.finish_reason is not None:
+                    finish = output.finish_reason
+            if handle.aborted or finish == "abort":
+                raise Aborted(f"request {request.request_id} was aborted")
+        if finish == "error":
+            raise EngineFailed("the engine stopped while generating; retry")
+        yield self._complete(request, params, outputs, finish)
+
+    def _chunk(self, params: GenParams, output: StepOutput, count: int) -> pb.GenerateResponse:
+        chunk = pb.GenerateStreamChunk(
+            token_ids=[output.token or 0],
+            prompt_tokens=len(params.prompt),
+            completion_tokens=count,
+        )
+        if params.want_logprobs:
+            chunk.output_logprobs.CopyFrom(_logprobs([output]))
+        return pb.GenerateResponse(chunk=chunk)
+
+    def _complete(
+        self,
+        request: pb.GenerateRequest,
+        params: GenParams,
+        outputs: list[StepOutput],
+        finish: str,
+    ) -> pb.GenerateResponse:
+        last = outputs[-1].token if outputs else None
+        complete = pb.GenerateComplete(
+            output_ids=[] if request.stream else [o.token or 0 for o in outputs],
+            finish_reason=finish,
+            prompt_tokens=len(params.prompt),
+            completion_tokens=len(outputs),
+        )
+        if finish == "stop" and last is not None and last in params.stop_token_ids:
+            complete.matched_stop_token_id = last
+        if params.want_logprobs and not request.stream:
+            complete.output_logprobs.CopyFrom(_logprobs(outputs))
+        return pb.GenerateResponse(complete=complete)
+
+    @grpc_errors
+    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
+        await self.registry.abort_many(list(request.request_ids))
+        return pb.AbortResponse()
+
+    @grpc_errors
+    async def HealthCheck(
+        self, request: pb.HealthCheckRequest, context: Context
+    ) -> pb.HealthCheckResponse:
+        if self.health.shutting_down:
+            return pb.HealthCheckResponse(healthy=False, message="shutting down")
+        if self.engine.dead:
+            return pb.HealthCheckResponse(healthy=False, message="engine thread stopped")
+        if not self.engine.ready:
+            return pb.HealthCheckResponse(healthy=False, message="loading model")
+        return pb.HealthCheckResponse(healthy=True, message="OK")
+
+    @grpc_errors
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: Context
+    ) -> pb.GetModelInfoResponse:
+        info = self.engine.info
+        return pb.GetModelInfoResponse(
+            model_path=info.path,
+            served_model_name=info.path,
+            is_generation=True,
+            max_context_length=info.max_context,
+            max_req_input_len=info.max_context,
+            vocab_size=info.vocab_size,
+            model_type=info.model_type,
+            architectures=list(info.architectures),
+            eos_token_ids=list(info.eos_token_ids),
+            pad_token_id=info.pad_token_id,
+            bos_token_id=info.bos_token_id,
+        )
+
+    @grpc_errors
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: Context
+    ) -> pb.GetServerInfoResponse:
+        return pb.GetServerInfoResponse(
+            server_type=SERVER_TYPE,
+            active_requests=len(self.registry),
+            uptime_seconds=time.monotonic() - self.started,
+        )
+
+    @grpc_errors
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: Context
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        for chunk in await self.bundles.stream(self.engine.info.path):
+            yield chunk
