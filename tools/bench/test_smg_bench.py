@@ -28,7 +28,10 @@ def _run(*flags: str) -> dict[str, Any]:
 
 @pytest.mark.contract
 def test_streaming_report() -> None:
-    report = _run("--concurrency", "4", "--requests", "12", "--max-tokens", "20")
+    # 2 ms per token: the stream has real spacing, so a burst at the end would show.
+    report = _run(
+        "--concurrency", "4", "--requests", "12", "--max-tokens", "20", "--fake-token-delay-ms", "2"
+    )
     assert report["ok"] == 12 and report["errors"] == {}
     assert report["output_tokens"] == 12 * 20
     assert report["held_back_share"] == 0.0

@@ -1,0 +1,106 @@
+"""The real smg router in front of the MLX servicer (launched through the facade)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+import httpx
+import pytest
+
+from smg_servicer_core.proto import mlx_engine_pb2 as pb
+from smg_servicer_core.proto import mlx_engine_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+
+def _model(router) -> str:
+    models = httpx.get(router.base + "/v1/models", timeout=10).json()
+    return models["data"][0]["id"]
+
+
+def _sse(response: httpx.Response) -> list[dict]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[len("data: ") :]))
+    return events
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_and_non_stream_agree_with_usage(mlx_router, path: str) -> None:
+    _, router = mlx_router
+    body: dict = {"model": _model(router), "max_tokens": 12, "temperature": 0}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "Hi!"}]
+    else:
+        body["prompt"] = "Hello there"
+    plain = httpx.post(router.base + path, json=body, timeout=60)
+    assert plain.status_code == 200, plain.text
+    result = plain.json()
+    usage = result["usage"]
+    choice = result["choices"][0]
+    assert 0 < usage["completion_tokens"] <= 12
+    assert usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert choice["finish_reason"] in {"stop", "length"}
+    if choice["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 12
+
+    with httpx.stream(
+        "POST",
+        router.base + path,
+        timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as streamed:
+        assert streamed.status_code == 200
+        events = _sse(streamed)
+    if path == "/v1/chat/completions":
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
+        )
+        want = choice["message"]["content"]
+    else:
+        text = "".join(e["choices"][0].get("text") or "" for e in events if e.get("choices"))
+        want = choice["text"]
+    assert text == want, "greedy: streaming and non-streaming give the same text"
+    finishes = [e["choices"][0].get("finish_reason") for e in events if e.get("choices")]
+    assert choice["finish_reason"] in finishes
+    usage_events = [e["usage"] for e in events if e.get("usage")]
+    assert usage_events and usage_events[-1]["completion_tokens"] == usage["completion_tokens"]
+
+
+async def _active_requests(worker) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+        stub = mlx_engine_pb2_grpc.MlxEngineStub(channel)
+        info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        return info.active_requests
+
+
+def test_client_disconnect_stops_generation_on_the_worker(mlx_router) -> None:
+    worker, router = mlx_router
+    body = {
+        "model": _model(router),
+        "prompt": "Tell me a long story",
+        "max_tokens": 1900,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    seen = 0
+    with httpx.stream("POST", router.base + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen == 5:
+                # Still inside the stream: the worker is generating for us.
+                assert asyncio.run(_active_requests(worker)) == 1
+                break  # leaving the iterator closes the response: the client is gone
+    # The client is gone: the router sends Abort, the worker drops the request.
+    deadline = time.monotonic() + 10
+    while asyncio.run(_active_requests(worker)) != 0:
+        assert time.monotonic() < deadline, "the worker kept generating after the disconnect"
+        time.sleep(0.1)
