@@ -1,0 +1,97 @@
+"""The README's main command: tiny model -> MLX servicer -> real smg router -> a streamed chat.
+
+    uv run python tools/demo.py ["your prompt"]
+
+Builds (once, into .cache/models) a float32 tiny Llama, starts the MLX servicer through the facade
+(``python -m smg_grpc_servicer.mlx``) and the router in front of it on 127.0.0.1, streams one chat
+completion and prints it with timings, then stops both processes. The model is random, so the
+reply is gibberish; the timings and the token counts are real.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests-integration"))
+
+from smg_it.harness import Router, Worker, free_port  # noqa: E402
+from smg_servicer_core.testing import cached_tiny_model  # noqa: E402
+
+
+def main() -> int:
+    prompt = sys.argv[1] if len(sys.argv) > 1 else "Write a short story about the sea."
+    t0 = time.perf_counter()
+    model = cached_tiny_model(REPO / ".cache" / "models")
+    print(f"model     {model.name} ready in {time.perf_counter() - t0:.1f}s", flush=True)
+    port = free_port()
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "smg_grpc_servicer.mlx",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    t1 = time.perf_counter()
+    with Worker(worker_cmd, port) as worker, Router(worker.url) as router:
+        print(
+            f"servicer  grpc://127.0.0.1:{port}; router {router.base} ready in "
+            f"{time.perf_counter() - t1:.1f}s",
+            flush=True,
+        )
+        served = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {
+            "model": served,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 64,
+            "temperature": 0.7,
+            "seed": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        print(f"user      {prompt}\nassistant ", end="", flush=True)
+        start = time.perf_counter()
+        first: float | None = None
+        usage: dict[str, int] = {}
+        with httpx.stream(
+            "POST", router.base + "/v1/chat/completions", json=body, timeout=60
+        ) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                usage = event.get("usage") or usage
+                for choice in event.get("choices", []):
+                    text = choice.get("delta", {}).get("content") or ""
+                    if text and first is None:
+                        first = time.perf_counter() - start
+                    print(text, end="", flush=True)
+        total = time.perf_counter() - start
+        tokens = usage.get("completion_tokens", 0)
+        print(
+            f"\n\nttft      {1000 * (first or total):.1f} ms\ntotal     {1000 * total:.1f} ms"
+            f"\ntokens    prompt {usage.get('prompt_tokens', 0)}, completion {tokens}"
+            f" ({tokens / total:.0f} tok/s)",
+            flush=True,
+        )
+    print(
+        f"stopped   worker exit {worker.proc.returncode if worker.proc else '?'}; "
+        f"total {time.perf_counter() - t0:.1f}s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
