@@ -1,0 +1,72 @@
+"""mlx-lm's BatchGenerator driven in-process with smg_bench's workload: the baseline for the MLX
+servicer. Prints one JSON line (output_tokens_per_s, ttft_ms_p50/p99).
+
+    uv run python tools/bench/mlx_inprocess.py MODEL_DIR --concurrency 16 --requests 256 --max-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    args = parser.parse_args()
+    loaded: Any = load(args.model)
+    generator = BatchGenerator(loaded[0], completion_batch_size=32, prefill_batch_size=8)
+
+    def greedy(x: Any) -> Any:
+        return mx.argmax(x, axis=-1)
+
+    def prompt(i: int) -> list[int]:
+        return [(i * 13 + k) % 1000 + 10 for k in range(args.prompt_len)]
+
+    starts: dict[int, float] = {}
+    ttft: list[float] = []
+    seen: set[int] = set()
+    tokens = 0
+    next_index, done = 0, 0
+    begin = time.perf_counter()
+    while done < args.requests:
+        room = min(args.concurrency - (next_index - done), args.requests - next_index)
+        if room > 0:
+            uids = generator.insert([prompt(next_index + k) for k in range(room)],
+                                    max_tokens=[args.max_tokens] * room, samplers=[greedy] * room)
+            now = time.perf_counter()
+            for uid in uids:
+                starts[uid] = now
+            next_index += room
+        _, responses = generator.next()
+        now = time.perf_counter()
+        for response in responses:
+            tokens += 1
+            if response.uid not in seen:
+                seen.add(response.uid)
+                ttft.append(now - starts[response.uid])
+            if response.finish_reason is not None:
+                done += 1
+    wall = time.perf_counter() - begin
+    quantiles = statistics.quantiles(ttft, n=100, method="inclusive")
+    print(json.dumps({"label": "mlx-inprocess", "concurrency": args.concurrency,
+                      "requests": args.requests, "output_tokens": tokens,
+                      "output_tokens_per_s": round(tokens / wall, 1),
+                      "ttft_ms_p50": round(quantiles[49] * 1000, 3),
+                      "ttft_ms_p99": round(quantiles[98] * 1000, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
