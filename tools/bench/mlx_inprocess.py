@@ -1,7 +1,7 @@
 """mlx-lm's BatchGenerator driven in-process with smg_bench's workload: the baseline for the MLX
 servicer. Prints one JSON line (output_tokens_per_s, ttft_ms_p50/p99).
 
-    uv run python tools/bench/mlx_inprocess.py MODEL_DIR --concurrency 16 --requests 256 --max-tokens 128
+    uv run python tools/bench/mlx_inprocess.py MODEL_DIR --concurrency 16 --max-tokens 128
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ def main() -> int:
     while done < args.requests:
         room = min(args.concurrency - (next_index - done), args.requests - next_index)
         if room > 0:
-            uids = generator.insert([prompt(next_index + k) for k in range(room)],
-                                    max_tokens=[args.max_tokens] * room, samplers=[greedy] * room)
+            uids = generator.insert(
+                [prompt(next_index + k) for k in range(room)],
+                max_tokens=[args.max_tokens] * room,
+                samplers=[greedy] * room,
+            )
             now = time.perf_counter()
             for uid in uids:
                 starts[uid] = now
@@ -60,11 +63,19 @@ def main() -> int:
                 done += 1
     wall = time.perf_counter() - begin
     quantiles = statistics.quantiles(ttft, n=100, method="inclusive")
-    print(json.dumps({"label": "mlx-inprocess", "concurrency": args.concurrency,
-                      "requests": args.requests, "output_tokens": tokens,
-                      "output_tokens_per_s": round(tokens / wall, 1),
-                      "ttft_ms_p50": round(quantiles[49] * 1000, 3),
-                      "ttft_ms_p99": round(quantiles[98] * 1000, 3)}))
+    print(
+        json.dumps(
+            {
+                "label": "mlx-inprocess",
+                "concurrency": args.concurrency,
+                "requests": args.requests,
+                "output_tokens": tokens,
+                "output_tokens_per_s": round(tokens / wall, 1),
+                "ttft_ms_p50": round(quantiles[49] * 1000, 3),
+                "ttft_ms_p99": round(quantiles[98] * 1000, 3),
+            }
+        )
+    )
     return 0
 
 
