@@ -65,7 +65,9 @@ async def test_greedy_matches_mlx_lm_token_for_token(mlx_stack, tiny_model) -> N
         )
     )
     assert [t for r in streamed[:-1] for t in r.chunk.token_ids] == want
-    assert [r.chunk.completion_tokens for r in streamed[:-1]] == list(range(1, 25))
+    counts = [r.chunk.completion_tokens for r in streamed[:-1]]
+    assert counts == sorted(set(counts))
+    assert counts[-1] == 24, "cumulative completion_tokens"
     assert streamed[-1].complete.completion_tokens == 24
 
 

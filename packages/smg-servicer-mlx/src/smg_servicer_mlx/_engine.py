@@ -63,9 +63,32 @@ class _Request:
     done: bool = field(default=False)
 
 
+def _greedy(logprobs: Any) -> Any:
+    return mx.argmax(logprobs, axis=-1)
+
+
+# BatchGenerator samples the whole batch in one call only when every row holds the *same* sampler
+# object; otherwise it samples row by row. So requests with equal unseeded settings share one
+# sampler (bounded cache); a seeded request needs its own PRNG key and gets its own.
+_SHARED_SAMPLERS: dict[tuple[float, float, int, float], Callable[[Any], Any]] = {}
+_SHARED_SAMPLERS_MAX = 256
+
+
 def _sampler(params: GenParams) -> Callable[[Any], Any]:
     if params.temperature == 0:
-        return lambda logprobs: mx.argmax(logprobs, axis=-1)
+        return _greedy
+    if params.seed is not None:
+        return _build_sampler(params)
+    key = (params.temperature, params.top_p, params.top_k, params.min_p)
+    shared = _SHARED_SAMPLERS.get(key)
+    if shared is None:
+        if len(_SHARED_SAMPLERS) >= _SHARED_SAMPLERS_MAX:
+            _SHARED_SAMPLERS.clear()
+        shared = _SHARED_SAMPLERS[key] = _build_sampler(params)
+    return shared
+
+
+def _build_sampler(params: GenParams) -> Callable[[Any], Any]:
     filters: list[Callable[[Any], Any]] = []
     if 0 < params.top_p < 1.0:
         filters.append(lambda x: apply_top_p(x, params.top_p))
@@ -164,7 +187,12 @@ class MlxEngine:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    async def generate(self, request_id: str, params: GenParams) -> AsyncIterator[StepOutput]:
+    async def generate(
+        self, request_id: str, params: GenParams
+    ) -> AsyncIterator[list[StepOutput]]:
+        """Outputs as they come; when the consumer fell behind, every output already waiting is
+        returned together (one gRPC chunk instead of several), so a slow reader costs fewer
+        messages and nothing is held back while it keeps up."""
         if not self.ready:
             raise Unavailable("the MLX engine is not ready")
         request = _Request(request_id, params, asyncio.Queue())
@@ -174,11 +202,14 @@ class MlxEngine:
             self._pending.append(request)
             self._by_id[request_id] = request
         self._wake.set()
+        queue = request.queue
         try:
             while True:
-                output = await request.queue.get()
-                yield output
-                if output.finish_reason is not None:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                yield batch
+                if batch[-1].finish_reason is not None:
                     return
         finally:
             request.done = True

@@ -1,8 +1,9 @@
 """``mlx.grpc.engine.MlxEngine`` over :class:`~smg_servicer_mlx._engine.MlxEngine`.
 
-Each RPC is validate -> convert -> engine -> convert back. Streaming sends one chunk per token
-(``completion_tokens`` cumulative), then one ``complete`` with empty ``output_ids``; non-streaming
-sends one ``complete`` with every id. An aborted request ends with status ABORTED, never a silent
+Each RPC is validate -> convert -> engine -> convert back. Streaming sends a chunk per decode
+step (one token, or every token already waiting when the reader fell behind;
+``completion_tokens`` cumulative), then one ``complete`` with empty ``output_ids``;
+non-streaming sends one ``complete`` with every id. An aborted request ends with status ABORTED, never a silent
 truncation; an engine failure mid-request ends with INTERNAL.
 """
 
@@ -70,27 +71,30 @@ class MlxServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
         outputs: list[StepOutput] = []
         finish = "length"
         async with self.registry.track(request.request_id) as handle:
-            async for output in self.engine.generate(request.request_id, params):
-                if output.token is not None:
-                    outputs.append(output)
+            async for batch in self.engine.generate(request.request_id, params):
+                tokens = [o for o in batch if o.token is not None]
+                if tokens:
+                    outputs.extend(tokens)
                     if request.stream:
-                        yield self._chunk(params, output, len(outputs))
-                if output.finish_reason is not None:
-                    finish = output.finish_reason
+                        yield self._chunk(params, tokens, len(outputs))
+                if batch[-1].finish_reason is not None:
+                    finish = batch[-1].finish_reason
             if handle.aborted or finish == "abort":
                 raise Aborted(f"request {request.request_id} was aborted")
         if finish == "error":
             raise EngineFailed("the engine stopped while generating; retry")
         yield self._complete(request, params, outputs, finish)
 
-    def _chunk(self, params: GenParams, output: StepOutput, count: int) -> pb.GenerateResponse:
+    def _chunk(
+        self, params: GenParams, outputs: list[StepOutput], count: int
+    ) -> pb.GenerateResponse:
         chunk = pb.GenerateStreamChunk(
-            token_ids=[output.token or 0],
+            token_ids=[o.token or 0 for o in outputs],
             prompt_tokens=len(params.prompt),
             completion_tokens=count,
         )
         if params.want_logprobs:
-            chunk.output_logprobs.CopyFrom(_logprobs([output]))
+            chunk.output_logprobs.CopyFrom(_logprobs(outputs))
         return pb.GenerateResponse(chunk=chunk)
 
     def _complete(
