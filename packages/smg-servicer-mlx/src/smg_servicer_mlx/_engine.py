@@ -187,9 +187,7 @@ class MlxEngine:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    async def generate(
-        self, request_id: str, params: GenParams
-    ) -> AsyncIterator[list[StepOutput]]:
+    async def generate(self, request_id: str, params: GenParams) -> AsyncIterator[list[StepOutput]]:
         """Outputs as they come; when the consumer fell behind, every output already waiting is
         returned together (one gRPC chunk instead of several), so a slow reader costs fewer
         messages and nothing is held back while it keeps up."""

@@ -3,8 +3,8 @@
 Each RPC is validate -> convert -> engine -> convert back. Streaming sends a chunk per decode
 step (one token, or every token already waiting when the reader fell behind;
 ``completion_tokens`` cumulative), then one ``complete`` with empty ``output_ids``;
-non-streaming sends one ``complete`` with every id. An aborted request ends with status ABORTED, never a silent
-truncation; an engine failure mid-request ends with INTERNAL.
+non-streaming sends one ``complete`` with every id. An aborted request ends with status ABORTED,
+never a silent truncation; an engine failure mid-request ends with INTERNAL.
 """
 
 from __future__ import annotations
