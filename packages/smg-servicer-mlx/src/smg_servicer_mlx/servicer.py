@@ -17,9 +17,10 @@ import grpc.aio
 
 from smg_servicer_core.errors import Aborted, ServicerError, grpc_errors
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.proto import common_pb2, mlx_engine_pb2_grpc
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
+from smg_servicer_core.proto import mlx_engine_pb2_grpc
 from smg_servicer_core.registry import RequestRegistry
+from smg_servicer_core.rpcs import CommonRpcs
 from smg_servicer_core.server import ServiceBinding
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
 from smg_servicer_mlx.params import GenParams, ModelLimits, to_params
@@ -47,7 +48,9 @@ def _logprobs(outputs: list[StepOutput]) -> pb.OutputLogProbs:
     )
 
 
-class MlxServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
+class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
+    wire = pb
+
     def __init__(self, engine: MlxEngine, health: HealthFrame) -> None:
         self.engine = engine
         self.health = health
@@ -117,22 +120,13 @@ class MlxServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
             complete.output_logprobs.CopyFrom(_logprobs(outputs))
         return pb.GenerateResponse(complete=complete)
 
-    @grpc_errors
-    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
-        await self.registry.abort_many(list(request.request_ids))
-        return pb.AbortResponse()
-
-    @grpc_errors
-    async def HealthCheck(
-        self, request: pb.HealthCheckRequest, context: Context
-    ) -> pb.HealthCheckResponse:
-        if self.health.shutting_down:
-            return pb.HealthCheckResponse(healthy=False, message="shutting down")
+    def not_ready_reason(self) -> str | None:
         if self.engine.dead:
-            return pb.HealthCheckResponse(healthy=False, message="engine thread stopped")
-        if not self.engine.ready:
-            return pb.HealthCheckResponse(healthy=False, message="loading model")
-        return pb.HealthCheckResponse(healthy=True, message="OK")
+            return "engine thread stopped"
+        return None if self.engine.ready else "loading model"
+
+    def tokenizer_dir(self) -> str | None:
+        return self.engine.info.path
 
     @grpc_errors
     async def GetModelInfo(
@@ -162,10 +156,3 @@ class MlxServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
             active_requests=len(self.registry),
             uptime_seconds=time.monotonic() - self.started,
         )
-
-    @grpc_errors
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        for chunk in await self.bundles.stream(self.engine.info.path):
-            yield chunk

@@ -18,8 +18,9 @@ import grpc.aio
 from smg_servicer_core.errors import Aborted, InvalidRequest, grpc_errors
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.loads import LoadTracker
-from smg_servicer_core.proto import common_pb2, mlx_engine_pb2, mlx_engine_pb2_grpc
+from smg_servicer_core.proto import mlx_engine_pb2, mlx_engine_pb2_grpc
 from smg_servicer_core.registry import RequestRegistry
+from smg_servicer_core.rpcs import CommonRpcs
 from smg_servicer_core.server import ServiceBinding
 from smg_servicer_core.testing.fake_engine import FakeEngine
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
@@ -43,7 +44,9 @@ def validate_prompt(request: pb.GenerateRequest, vocab_size: int, max_context: i
     return ids
 
 
-class FakeEngineServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
+class FakeEngineServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
+    wire = pb
+
     def __init__(
         self, engine: FakeEngine, health: HealthFrame, tokenizer_path: str | Path | None = None
     ) -> None:
@@ -100,20 +103,11 @@ class FakeEngineServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
             )
         )
 
-    @grpc_errors
-    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
-        await self.registry.abort_many(list(request.request_ids))
-        return pb.AbortResponse()
+    def not_ready_reason(self) -> str | None:
+        return None if self.engine.ready else "engine starting"
 
-    @grpc_errors
-    async def HealthCheck(
-        self, request: pb.HealthCheckRequest, context: Context
-    ) -> pb.HealthCheckResponse:
-        if self.health.shutting_down:
-            return pb.HealthCheckResponse(healthy=False, message="shutting down")
-        if not self.engine.ready:
-            return pb.HealthCheckResponse(healthy=False, message="engine starting")
-        return pb.HealthCheckResponse(healthy=True, message="OK")
+    def tokenizer_dir(self) -> str | Path | None:
+        return self.tokenizer_path
 
     @grpc_errors
     async def GetModelInfo(
@@ -141,10 +135,3 @@ class FakeEngineServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
             active_requests=len(self.registry),
             uptime_seconds=time.monotonic() - self.started,
         )
-
-    @grpc_errors
-    async def GetTokenizer(
-        self, request: common_pb2.GetTokenizerRequest, context: Context
-    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        for chunk in await self.bundles.stream(self.tokenizer_path):
-            yield chunk
