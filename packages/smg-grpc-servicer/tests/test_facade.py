@@ -58,3 +58,30 @@ def test_python_m_tokenspeed_names_the_package() -> None:
     )
     assert result.returncode != 0
     assert "smg-servicer-tokenspeed" in result.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("module", ["smg_grpc_servicer.mlx", "smg_grpc_servicer.mlx.server"])
+def test_python_m_mlx_runs_our_launcher(module: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--model" in result.stdout and "--completion-batch-size" in result.stdout
+
+
+@pytest.mark.unit
+def test_python_m_mlx_without_model_is_a_config_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "smg_grpc_servicer.mlx", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--model" in result.stderr and "Traceback" not in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -145,3 +146,20 @@ async def test_health_check_and_model_info(stack) -> None:
     assert info.vocab_size == 4096 and list(info.eos_token_ids) == [2, 0]
     server = await stack.stub.GetServerInfo(pb.GetServerInfoRequest())
     assert server.server_type == "fake-grpc" and server.uptime_seconds > 0
+
+
+@pytest.mark.contract
+async def test_reflection_lists_engine_health_and_reflection(stack) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    stub: Any = reflection_pb2_grpc.ServerReflectionStub(stack.server.channel)
+    call = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    [response] = [r async for r in call]
+    names = {s.name for s in response.list_services_response.service}
+    assert names == {
+        "mlx.grpc.engine.MlxEngine",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,12 +21,20 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture
-async def mlx_stack(tiny_model: Path) -> AsyncIterator[tuple[object, object, object]]:
+def engine_options() -> dict[str, Any]:
+    """MlxEngine keyword arguments; override in a test module to size the engine."""
+    return {}
+
+
+@pytest.fixture
+async def mlx_stack(
+    tiny_model: Path, engine_options: dict[str, Any]
+) -> AsyncIterator[tuple[object, object, object]]:
     from smg_servicer_mlx._engine import MlxEngine
     from smg_servicer_mlx.model_info import read_model_info
     from smg_servicer_mlx.servicer import SERVICE_NAME, MlxServicer
 
-    engine = MlxEngine(read_model_info(tiny_model))
+    engine = MlxEngine(read_model_info(tiny_model), **engine_options)
     health = HealthFrame(SERVICE_NAME)
     servicer = MlxServicer(engine, health)
     engine.start()

@@ -109,7 +109,11 @@ def resolve(
                     flag_hint,
                 )
         else:
-            where, value, source = setting.name, setting.default, "default"
+            where, value, source = (
+                setting.flag or setting.env or setting.name,
+                setting.default,
+                "default",
+            )
         if setting.validate is not None:
             problem = setting.validate(value)
             if problem:

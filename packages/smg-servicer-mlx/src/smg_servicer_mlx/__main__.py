@@ -7,7 +7,7 @@
 | ``--completion-batch-size`` | ``SMG_MLX_COMPLETION_BATCH_SIZE`` | 32 |
 | ``--prefill-batch-size`` | ``SMG_MLX_PREFILL_BATCH_SIZE`` | 8 |
 | ``--prefill-step-size`` | ``SMG_MLX_PREFILL_STEP_SIZE`` | 2048 |
-| ``--max-queue`` | ``SMG_MLX_MAX_QUEUE`` | 256 (admission queue; RESOURCE_EXHAUSTED beyond) |
+| ``--max-queue`` | ``SMG_MLX_MAX_QUEUE`` | 256 (may wait beyond the batch) |
 | ``--adapter-path`` | ``SMG_MLX_ADAPTER_PATH`` | none (LoRA adapter directory) |
 
 plus core's server flags (``--host``, ``--port``, ``--grace-period``, ``--max-message-mb``,

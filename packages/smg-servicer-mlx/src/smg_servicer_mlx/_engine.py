@@ -2,8 +2,10 @@
 
 Threading contract:
 - every MLX object lives on the engine thread, which owns one ``BatchGenerator``;
-- the event loop talks to it through a bounded admission deque and an abort set, both under one
-  lock, plus a ``threading.Event`` that wakes the thread when it is idle;
+- the event loop talks to it through an admission deque and an abort set, both under one lock;
+  a ``threading.Event`` wakes the thread when it is idle; at most
+  ``completion_batch_size + max_queue`` requests run or wait (beyond that RESOURCE_EXHAUSTED,
+  which the router retries elsewhere);
 - each decode step's outputs go back to the loop in **one** ``call_soon_threadsafe`` call that
   feeds every request's ``asyncio.Queue`` (per-token cost stays flat with batch size);
 - an abort removes the uid from the batch before the next step, so the request stops within one
@@ -135,7 +137,8 @@ class MlxEngine:
         self.info = info
         self._batch_sizes = (completion_batch_size, prefill_batch_size, prefill_step_size)
         self._adapter_path = adapter_path
-        self._max_queue = max_queue
+        # Requests beyond the running batch wait inside BatchGenerator; bound them here.
+        self._max_in_flight = completion_batch_size + max_queue
         self._lock = threading.Lock()
         self._pending: deque[_Request] = deque()
         self._aborts: set[str] = set()
@@ -195,8 +198,10 @@ class MlxEngine:
             raise Unavailable("the MLX engine is not ready")
         request = _Request(request_id, params, asyncio.Queue())
         with self._lock:
-            if len(self._pending) >= self._max_queue:
-                raise Overloaded(f"admission queue is full ({self._max_queue} waiting)")
+            if len(self._by_id) >= self._max_in_flight:
+                raise Overloaded(
+                    f"the engine is full ({self._max_in_flight} requests running or waiting)"
+                )
             self._pending.append(request)
             self._by_id[request_id] = request
         self._wake.set()
