@@ -12,8 +12,6 @@ import pytest
 import smg_grpc_servicer
 
 MISSING = {
-    "smg_grpc_servicer.vllm.servicer": "smg-servicer-vllm",
-    "smg_grpc_servicer.vllm.health_servicer": "smg-servicer-vllm",
     "smg_grpc_servicer.sglang.server": "smg-servicer-sglang",
 }
 
@@ -37,14 +35,29 @@ def test_missing_engine_package_is_named(path: str, dist: str) -> None:
         importlib.import_module(path)
 
 
-@pytest.mark.unit
-def test_lazy_vllm_names_raise_import_error() -> None:
+@pytest.mark.engine
+def test_vllm_paths_are_our_classes() -> None:
+    """What vLLM's launcher imports is smg-servicer-vllm's implementation (vLLM installed)."""
     import smg_grpc_servicer.vllm as facade
+    import smg_servicer_vllm.health_servicer
+    import smg_servicer_vllm.servicer
+    from smg_grpc_servicer.vllm.health_servicer import VllmHealthServicer
+    from smg_grpc_servicer.vllm.servicer import VllmEngineServicer
 
-    with pytest.raises(ImportError, match="smg-servicer-vllm"):
-        _ = facade.VllmEngineServicer
+    assert VllmEngineServicer is smg_servicer_vllm.servicer.VllmEngineServicer
+    assert VllmHealthServicer is smg_servicer_vllm.health_servicer.VllmHealthServicer
+    assert facade.VllmEngineServicer is VllmEngineServicer
     with pytest.raises(AttributeError):
         _ = facade.NoSuchThing
+
+
+@pytest.mark.unit
+def test_vllm_package_imports_without_vllm() -> None:
+    code = "import sys, smg_servicer_vllm, smg_grpc_servicer.vllm; print('vllm' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.unit

@@ -25,6 +25,7 @@ EXPECTED = {
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -126,3 +127,21 @@ def test_long_messages_are_cut() -> None:
     code, detail = errors.status_for(errors.InvalidRequest("x" * 5000))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert len(detail) == errors.MAX_DETAIL_CHARS
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, grpc.StatusCode.INVALID_ARGUMENT),
+        (404, grpc.StatusCode.NOT_FOUND),
+        (408, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (503, grpc.StatusCode.UNAVAILABLE),
+        (504, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (500, grpc.StatusCode.INTERNAL),
+        ("teapot", grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_http_status_table(status, code) -> None:
+    assert errors.from_http_status(status, "m").code == code

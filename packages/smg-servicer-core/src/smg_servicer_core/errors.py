@@ -12,6 +12,7 @@ The tree::
     ├── Overloaded                 RESOURCE_EXHAUSTED  admission queue full (the router retries)
     ├── Unavailable                UNAVAILABLE         not ready / shutting down / engine dead
     ├── Aborted                    ABORTED             request stopped by an Abort RPC
+    ├── DeadlineExceeded           DEADLINE_EXCEEDED   an engine operation ran past its bound
     └── DataLoss                   DATA_LOSS           a stream that lost history mid-way
 
     ConfigError                    (not a gRPC error)  bad flag or variable: exit 2, one line
@@ -103,6 +104,32 @@ class DataLoss(ServicerError):
 
 class ConfigError(Exception):
     """A bad flag, variable or file at start-up. The entry point prints one line and exits 2."""
+
+
+class DeadlineExceeded(ServicerError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+_BY_HTTP_STATUS: dict[int, type[ServicerError]] = {
+    400: InvalidRequest,
+    404: NotFound,
+    408: DeadlineExceeded,
+    409: Aborted,
+    429: Overloaded,
+    503: Unavailable,
+    504: DeadlineExceeded,
+}
+
+
+def from_http_status(status: object, message: str) -> ServicerError:
+    """The error for an engine's HTTP-style status: 400->INVALID_ARGUMENT, 404->NOT_FOUND,
+    408/504->DEADLINE_EXCEEDED, 409->ABORTED, 429->RESOURCE_EXHAUSTED, 503->UNAVAILABLE, anything
+    else (500 included, or not a number) -> INTERNAL."""
+    try:
+        code = int(status)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        code = 500
+    return _BY_HTTP_STATUS.get(code, ServicerError)(message)
 
 
 class _AbortContext(Protocol):

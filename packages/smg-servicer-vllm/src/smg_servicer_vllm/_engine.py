@@ -1,0 +1,41 @@
+"""The one module that imports vLLM: builds its request objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smg_servicer_vllm.sampling import SamplingSpec
+
+try:
+    import vllm.version as _vllm_version
+    from vllm import PoolingParams, SamplingParams, TokensPrompt
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+except ImportError as err:  # pragma: no cover - exercised by the lazy-import test
+    raise ImportError(
+        "smg-servicer-vllm needs vLLM: pip install 'smg-servicer-vllm[vllm]'"
+    ) from err
+
+__all__ = ["VLLM_VERSION", "embed_params", "sampling_params", "tokens_prompt"]
+
+VLLM_VERSION: str = str(getattr(_vllm_version, "__version__", "unknown"))
+
+
+def sampling_params(spec: SamplingSpec, *, stream: bool, kv_transfer: dict[str, Any] | None) -> Any:
+    structured = StructuredOutputsParams(**spec.structured) if spec.structured else None
+    return SamplingParams(
+        **spec.kwargs,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured,
+        extra_args={"kv_transfer_params": kv_transfer} if kv_transfer else None,
+    )
+
+
+def tokens_prompt(input_ids: list[int], text: str = "") -> Any:
+    prompt = TokensPrompt(prompt_token_ids=input_ids)
+    if text:
+        prompt["prompt"] = text
+    return prompt
+
+
+def embed_params() -> Any:
+    return PoolingParams(task="embed")

@@ -1,0 +1,294 @@
+"""``VllmEngineServicer(async_llm, start_time, mm_settings=None)``: ``vllm.grpc.engine.VllmEngine``
+over an in-process ``AsyncLLM`` (vLLM's own launcher constructs it and owns the server).
+
+Generate streams vLLM's DELTA outputs: per choice index, one chunk per engine output (delta
+``token_ids`` and delta ``completion_tokens``), then a ``complete`` for that index when it
+finishes (its last delta, the cumulative count, the finish reason and the matched stop). Without
+streaming, one ``complete`` per choice with every id. ``Abort`` and a client cancel stop the engine
+request exactly once (core's registry); an aborted stream ends with the ``complete`` vLLM reports
+(``finish_reason="abort"``), or with status ABORTED when the engine reported nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc.aio
+
+from smg_servicer_core.errors import (
+    Aborted,
+    DeadlineExceeded,
+    InvalidRequest,
+    ServicerError,
+    Unsupported,
+    grpc_errors,
+)
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.loads import LoadTracker
+from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.registry import RequestRegistry
+from smg_servicer_core.rpcs import CommonRpcs
+from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_vllm import _engine, convert, info
+from smg_servicer_vllm.errors import translated
+from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
+
+logger = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+FLUSH_ATTEMPT_S = 30.0
+PROFILE_TIMEOUT_S = 600.0
+TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def trace_headers(context: Context) -> dict[str, str] | None:
+    found = {str(k): str(v) for k, v in (context.invocation_metadata() or ()) if k in TRACE_KEYS}
+    return found or None
+
+
+@dataclass
+class _Choice:
+    count: int = 0
+    sent_input_logprobs: bool = False
+    done: bool = False
+
+
+class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
+    wire = pb
+
+    def __init__(self, async_llm: Any, start_time: float, mm_settings: Any = None) -> None:
+        self.engine = async_llm
+        self.start_time = start_time
+        self.mm_settings = mm_settings
+        self.health = HealthFrame(SERVICE_NAME)
+        self.health.set_serving()
+        self.registry = RequestRegistry(self._abort_in_engine)
+        self.bundles = TokenizerBundleCache()
+        self.loads = LoadTracker()
+        self.started = time.monotonic()
+        logger.info("VllmEngineServicer initialized (mm_processor=none)")
+
+    async def _abort_in_engine(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    # CommonRpcs --------------------------------------------------------------------------------
+
+    def not_ready_reason(self) -> str | None:
+        return "Engine is not alive" if self.engine.errored else None
+
+    def tokenizer_dir(self) -> str | None:
+        return str(getattr(self.engine.model_config, "tokenizer", "") or "") or None
+
+    # Generate ----------------------------------------------------------------------------------
+
+    def _prompt(self, request: pb.GenerateRequest) -> Any:
+        if (
+            request.HasField("mm_inputs")
+            or request.extra_mm_inputs
+            or request.HasField("media_refs")
+        ):
+            raise Unsupported("multimodal inputs are not supported by this servicer yet")
+        kind = request.WhichOneof("input")
+        if kind == "tokenized":
+            ids = list(request.tokenized.input_ids)
+            if not ids:
+                raise InvalidRequest("the prompt is empty")
+            vocab = int(self.engine.model_config.get_vocab_size())
+            if max(ids) >= vocab:
+                raise InvalidRequest(f"token id {max(ids)} is outside the vocabulary ({vocab})")
+            return _engine.tokens_prompt(ids, request.tokenized.original_text)
+        if kind == "text" and request.text:
+            return request.text
+        raise InvalidRequest("the request has no input (tokenized or text)")
+
+    @grpc_errors
+    async def Generate(
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        prompt = self._prompt(request)
+        spec = to_sampling_spec(request.sampling_params)
+        with translated():
+            params = _engine.sampling_params(
+                spec, stream=request.stream, kv_transfer=kv_transfer_params(request)
+            )
+        choices: dict[int, _Choice] = {}
+        async with self.registry.track(request.request_id) as handle:
+            stream = self.engine.generate(
+                prompt,
+                params,
+                request.request_id,
+                tokenization_kwargs=spec.tokenization,
+                trace_headers=trace_headers(context),
+                data_parallel_rank=(
+                    request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+                ),
+            )
+            with translated():
+                async for output in stream:
+                    for response in self._responses(output, request.stream, spec, choices):
+                        yield response
+            if handle.aborted and not all(c.done for c in choices.values()):
+                raise Aborted(f"request {request.request_id} was aborted")
+
+    def _responses(
+        self, output: Any, stream: bool, spec: SamplingSpec, choices: dict[int, _Choice]
+    ) -> Iterator[pb.GenerateResponse]:
+        prompt_ids = list(output.prompt_token_ids or [])
+        cached = int(output.num_cached_tokens or 0)
+        if not choices:
+            self.loads.record_prompt(len(prompt_ids), cached)
+        top_n = spec.kwargs["logprobs"] or 0
+        top_n_prompt = spec.kwargs["prompt_logprobs"] or 0
+        for completion in output.outputs:
+            choice = choices.setdefault(completion.index, _Choice())
+            if choice.done:
+                continue
+            delta = list(completion.token_ids)
+            self.loads.record_tokens(len(delta))
+            choice.count += len(delta)
+            out_lp = (
+                convert.output_logprobs(delta, completion.logprobs, top_n)
+                if spec.kwargs["logprobs"] is not None
+                else None
+            )
+            in_lp = None
+            if not choice.sent_input_logprobs and spec.kwargs["prompt_logprobs"] is not None:
+                in_lp = convert.input_logprobs(prompt_ids, output.prompt_logprobs, top_n_prompt)
+                choice.sent_input_logprobs = True
+            common: dict[str, Any] = {
+                "prompt_tokens": len(prompt_ids),
+                "cached_tokens": cached,
+                "index": completion.index,
+                "output_logprobs": out_lp,
+                "input_logprobs": in_lp,
+            }
+            if stream and (delta or in_lp is not None):
+                yield pb.GenerateResponse(
+                    chunk=pb.GenerateStreamChunk(
+                        token_ids=delta, completion_tokens=len(delta), **common
+                    )
+                )
+                common["output_logprobs"] = common["input_logprobs"] = None
+            if completion.finish_reason is None:
+                continue
+            choice.done = True
+            yield pb.GenerateResponse(
+                complete=pb.GenerateComplete(
+                    output_ids=delta,
+                    completion_tokens=choice.count,
+                    **common,
+                    **convert.finish_fields(completion),
+                    **convert.kv_params_fields(getattr(output, "kv_transfer_params", None)),
+                )
+            )
+
+    # Embed -------------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        ids = list(request.tokenized.input_ids)
+        if not ids:
+            raise InvalidRequest("Embed needs tokenized input")
+        final: Any = None
+        async with self.registry.track(request.request_id):
+            with translated():
+                async for output in self.engine.encode(
+                    _engine.tokens_prompt(ids), _engine.embed_params(), request.request_id
+                ):
+                    final = output
+        if final is None or not getattr(final, "finished", True):
+            raise ServicerError("the engine returned no embedding")
+        data = final.outputs.data
+        vector = [float(v) for v in (data.tolist() if hasattr(data, "tolist") else data)]
+        return pb.EmbedResponse(embedding=vector, prompt_tokens=len(ids), embedding_dim=len(vector))
+
+    # Information -------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: Context
+    ) -> pb.GetModelInfoResponse:
+        return info.model_info(self.engine)
+
+    @grpc_errors
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: Context
+    ) -> pb.GetServerInfoResponse:
+        return info.server_info(self.engine, len(self.registry), time.monotonic() - self.started)
+
+    @grpc_errors
+    async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:
+        rank = request.dp_rank if request.HasField("dp_rank") else None
+        response = info.loads(self.engine, self.loads.snapshot(), rank, _engine.VLLM_VERSION)
+        if rank is not None and not response.loads:
+            raise InvalidRequest(f"DP rank {rank} is not managed by this server")
+        return response
+
+    # Administration ----------------------------------------------------------------------------
+
+    @grpc_errors
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: Context
+    ) -> common_pb2.FlushCacheResponse:
+        timeout = request.timeout_s
+        if not math.isfinite(timeout) or timeout < 0:
+            raise InvalidRequest("timeout_s must be a finite number >= 0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or FLUSH_ATTEMPT_S)
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                done = await asyncio.wait_for(self.engine.reset_prefix_cache(), max(remaining, 0.1))
+            except TimeoutError:
+                done = False
+            if done:
+                return common_pb2.FlushCacheResponse(success=True, message="prefix cache flushed")
+            if timeout == 0:
+                return common_pb2.FlushCacheResponse(
+                    success=False, message="refused; requests may be in flight"
+                )
+            if loop.time() >= deadline:
+                raise DeadlineExceeded("the prefix cache could not be flushed before timeout_s")
+            await asyncio.sleep(0.1)
+
+    @grpc_errors
+    async def StartProfile(
+        self, request: common_pb2.StartProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        fixed = [f.name for f, _ in request.ListFields()]
+        if fixed:
+            raise InvalidRequest(
+                f"vLLM fixes {', '.join(fixed)} at launch (--profiler-config); leave them unset"
+            )
+        return await self._profile(self.engine.start_profile(), "profiler started")
+
+    @grpc_errors
+    async def StopProfile(
+        self, request: common_pb2.StopProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        return await self._profile(self.engine.stop_profile(), "profiler stopped")
+
+    async def _profile(self, call: Any, message: str) -> common_pb2.ProfileResponse:
+        try:
+            with translated():
+                await asyncio.wait_for(call, PROFILE_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise DeadlineExceeded("the profiler did not answer in time") from exc
+        return common_pb2.ProfileResponse(success=True, message=message)
+
+    @grpc_errors
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        raise Unsupported(
+            "KV events are not relayed by this servicer yet; the router falls back to GetLoads"
+        )
+        yield common_pb2.KvEventBatch()  # pragma: no cover - makes this an async generator

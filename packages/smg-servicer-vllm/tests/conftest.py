@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import vllm_engine_pb2_grpc
+from smg_servicer_core.server import ServiceBinding
+from smg_servicer_core.testing import cached_tiny_model, running_server
+
+REPO = Path(__file__).resolve().parents[3]
+SESSION = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
+    return cached_tiny_model(root)
+
+
+class _Lifecycle:
+    """The AsyncLLM is built outside serve(): nothing to wait for, nothing to stop."""
+
+    async def wait_ready(self) -> None:
+        return None
+
+    async def wait_dead(self) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+    async def shutdown(self) -> None:
+        return None
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def async_llm(tiny_model: Path) -> AsyncIterator[Any]:
+    """One real vLLM CPU engine (float32 tiny Llama) for the whole session."""
+    from vllm import AsyncEngineArgs
+    from vllm.config import StructuredOutputsConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(tiny_model),
+            dtype="float32",
+            max_model_len=1024,
+            enforce_eager=True,
+            kv_cache_memory_bytes=128 << 20,
+            seed=0,
+            # A random model fills free JSON whitespace forever; the engine option (the same as
+            # --structured-outputs-config.disable_any_whitespace) keeps constrained output tight.
+            structured_outputs_config=StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True
+            ),
+        )
+    )
+    yield llm
+    llm.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_stack(async_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+    from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports
+
+    servicer = VllmEngineServicer(async_llm, time.time())
+
+    def register(server: Any) -> None:
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
+
+    binding = ServiceBinding("vllm.grpc.engine.VllmEngine", register)
+    async with running_server([binding], HealthFrame("unused"), _Lifecycle()) as server:
+        yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)
