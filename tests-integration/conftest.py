@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    return cached_tiny_model(Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")))
+    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
+    return cached_tiny_model(root)
 
 
 @pytest.fixture(scope="module")
@@ -37,4 +38,32 @@ def mlx_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
         "warning",
     ]
     with Worker(cmd, port) as worker, Router(worker.url) as router:
+        yield worker, router
+
+
+@pytest.fixture(scope="module")
+def vllm_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
+    """vLLM's own gRPC launcher (what `vllm serve MODEL --grpc` runs), serving our servicer
+    through the facade, with the real router in front."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.launchers.grpc_server",
+        "--model",
+        str(tiny_model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(128 << 20),
+        "--disable-log-stats",
+    ]
+    with Worker(cmd, port, start_timeout_s=240) as worker, Router(worker.url) as router:
         yield worker, router

@@ -1,4 +1,6 @@
-"""The real smg router in front of the MLX servicer (launched through the facade)."""
+"""The real smg router in front of each engine's servicer, launched the way users launch it:
+MLX through ``python -m smg_grpc_servicer.mlx``, vLLM through its own gRPC launcher (which
+imports ``smg_grpc_servicer.vllm``)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,27 @@ import grpc
 import httpx
 import pytest
 
-from smg_servicer_core.proto import mlx_engine_pb2 as pb
-from smg_servicer_core.proto import mlx_engine_pb2_grpc
+from smg_servicer_core.proto import (
+    mlx_engine_pb2,
+    mlx_engine_pb2_grpc,
+    vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
+)
 
 pytestmark = pytest.mark.integration
+
+#: engine -> (stub class, generated messages) for talking to the worker directly
+WIRES = {
+    "mlx": (mlx_engine_pb2_grpc.MlxEngineStub, mlx_engine_pb2),
+    "vllm": (vllm_engine_pb2_grpc.VllmEngineStub, vllm_engine_pb2),
+}
+ENGINES = sorted(WIRES)
+
+
+@pytest.fixture(params=ENGINES)
+def deployment(request: pytest.FixtureRequest) -> tuple[str, object, object]:
+    worker, router = request.getfixturevalue(f"{request.param}_router")
+    return request.param, worker, router
 
 
 def _model(router) -> str:
@@ -30,8 +49,8 @@ def _sse(response: httpx.Response) -> list[dict]:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_stream_and_non_stream_agree_with_usage(mlx_router, path: str) -> None:
-    _, router = mlx_router
+def test_stream_and_non_stream_agree_with_usage(deployment, path: str) -> None:
+    _, _, router = deployment
     body: dict = {"model": _model(router), "max_tokens": 12, "temperature": 0}
     if path == "/v1/chat/completions":
         body["messages"] = [{"role": "user", "content": "Hi!"}]
@@ -72,19 +91,19 @@ def test_stream_and_non_stream_agree_with_usage(mlx_router, path: str) -> None:
     assert usage_events and usage_events[-1]["completion_tokens"] == usage["completion_tokens"]
 
 
-async def _active_requests(worker) -> int:
+async def _active_requests(engine: str, worker) -> int:
+    stub_class, pb = WIRES[engine]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
-        stub = mlx_engine_pb2_grpc.MlxEngineStub(channel)
-        info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        info = await stub_class(channel).GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
         return info.active_requests
 
 
-def test_client_disconnect_stops_generation_on_the_worker(mlx_router) -> None:
-    worker, router = mlx_router
+def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
+    engine, worker, router = deployment
     body = {
         "model": _model(router),
         "prompt": "Tell me a long story",
-        "max_tokens": 1900,
+        "max_tokens": 900,  # fits every engine's test context (vLLM runs with 1,024)
         "temperature": 1.0,
         "ignore_eos": True,
         "stream": True,
@@ -97,10 +116,10 @@ def test_client_disconnect_stops_generation_on_the_worker(mlx_router) -> None:
                 seen += 1
             if seen == 5:
                 # Still inside the stream: the worker is generating for us.
-                assert asyncio.run(_active_requests(worker)) == 1
+                assert asyncio.run(_active_requests(engine, worker)) == 1
                 break  # leaving the iterator closes the response: the client is gone
     # The client is gone: the router sends Abort, the worker drops the request.
     deadline = time.monotonic() + 10
-    while asyncio.run(_active_requests(worker)) != 0:
+    while asyncio.run(_active_requests(engine, worker)) != 0:
         assert time.monotonic() < deadline, "the worker kept generating after the disconnect"
         time.sleep(0.1)
