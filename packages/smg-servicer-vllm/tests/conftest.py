@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -65,11 +66,45 @@ async def async_llm(tiny_model: Path) -> AsyncIterator[Any]:
     llm.shutdown()
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def embed_llm(tiny_model: Path) -> AsyncIterator[Any]:
+    """The same tiny Llama run as an embedding model (vLLM's pooling runner)."""
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(tiny_model),
+            dtype="float32",
+            max_model_len=512,
+            enforce_eager=True,
+            kv_cache_memory_bytes=64 << 20,
+            seed=0,
+            runner="pooling",
+            convert="embed",
+        )
+    )
+    yield llm
+    llm.shutdown()
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_stack(async_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+    async with _serving(async_llm) as stack:
+        yield stack
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def embed_stack(embed_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+    async with _serving(embed_llm) as stack:
+        yield stack
+
+
+@contextlib.asynccontextmanager
+async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
     from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports
 
-    servicer = VllmEngineServicer(async_llm, time.time())
+    servicer = VllmEngineServicer(llm, time.time())
 
     def register(server: Any) -> None:
         vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)

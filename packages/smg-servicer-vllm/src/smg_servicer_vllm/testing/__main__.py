@@ -1,0 +1,66 @@
+"""``python -m smg_servicer_vllm.testing --port P [--token-delay-ms D] [--port-file F]``:
+serve ``VllmEngineServicer`` over :class:`FakeAsyncLLM` (the servicer-cost benchmark's target).
+
+vLLM must be importable (the servicer builds vLLM's ``SamplingParams``), but no engine runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from smg_servicer_core.entry import configure_logging, run_main
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import vllm_engine_pb2_grpc
+from smg_servicer_core.server import ServerOptions, ServiceBinding, serve
+from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
+
+
+class _Lifecycle:
+    async def wait_ready(self) -> None:
+        return None
+
+    async def wait_dead(self) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+    async def shutdown(self) -> None:
+        return None
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from smg_servicer_vllm.servicer import SERVICE_NAME, VllmEngineServicer  # noqa: PLC0415
+
+    configure_logging("warning")
+    servicer = VllmEngineServicer(FakeAsyncLLM(token_delay_s=args.token_delay_ms / 1000), 0.0)
+
+    def register(server: object) -> None:
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)  # pyright: ignore[reportUnknownMemberType]
+
+    def announce(port: int) -> None:
+        if args.port_file is not None:
+            args.port_file.write_text(str(port))
+
+    code = await serve(
+        [ServiceBinding(SERVICE_NAME, register)],
+        HealthFrame(SERVICE_NAME),
+        _Lifecycle(),
+        ServerOptions(host="127.0.0.1", port=args.port),
+        on_started=announce,
+        in_flight=lambda: len(servicer.registry),
+    )
+    return code
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m smg_servicer_vllm.testing")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--port-file", type=Path, default=None)
+    args = parser.parse_args()
+    run_main(lambda: _main(args), "smg-servicer-vllm-fake")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The fake engine. Tokens are a deterministic function of the prompt and the step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from smg_servicer_core.testing.fake_engine import derived_token
+
+DELTA, FINAL_ONLY = "DELTA", "FINAL_ONLY"
+
+
+@dataclass
+class FakeCompletion:
+    index: int
+    token_ids: list[int]
+    logprobs: Any = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class FakeRequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[FakeCompletion]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt_logprobs: Any = None
+    kv_transfer_params: Any = None
+
+
+@dataclass
+class _Processor:
+    running: set[str] = field(default_factory=set[str])
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running)
+
+
+def _kind(params: Any) -> str:
+    kind = getattr(params, "output_kind", DELTA)
+    return str(getattr(kind, "name", kind))
+
+
+class FakeAsyncLLM:
+    def __init__(
+        self, *, vocab_size: int = 4096, max_model_len: int = 2048, token_delay_s: float = 0.0
+    ) -> None:
+        self.token_delay_s = token_delay_s
+        self.errored = False
+        self.output_processor = _Processor()
+        self.aborted: list[str] = []
+        self._stops: dict[str, asyncio.Event] = {}
+        self.model_config = SimpleNamespace(
+            model="fake-model",
+            served_model_name="fake-model",
+            tokenizer="",
+            max_model_len=max_model_len,
+            runner_type="generate",
+            hf_config=SimpleNamespace(
+                model_type="fake",
+                architectures=["FakeForCausalLM"],
+                eos_token_id=[2, 0],
+                pad_token_id=3,
+                bos_token_id=0,
+            ),
+            get_vocab_size=lambda: vocab_size,
+            dtype="torch.float32",
+        )
+        self.vllm_config = SimpleNamespace(
+            model_config=self.model_config,
+            cache_config=SimpleNamespace(block_size=16, num_gpu_blocks=1024, cache_dtype="auto"),
+            scheduler_config=SimpleNamespace(max_num_seqs=256),
+            parallel_config=SimpleNamespace(data_parallel_size=1),
+        )
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise RuntimeError("fake engine errored")
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            self.aborted.append(rid)
+            stop = self._stops.get(rid)
+            if stop is not None:
+                stop.set()
+
+    async def generate(
+        self, prompt: Any, params: Any, request_id: str, **_: Any
+    ) -> AsyncIterator[FakeRequestOutput]:
+        ids = list(prompt["prompt_token_ids"]) if isinstance(prompt, dict) else [1]
+        vocab = int(self.model_config.get_vocab_size())
+        max_tokens = params.max_tokens or 16
+        n = int(getattr(params, "n", 1) or 1)
+        delta = _kind(params) == DELTA
+        stop = self._stops[request_id] = asyncio.Event()
+        self.output_processor.running.add(request_id)
+        done: list[list[int]] = [[] for _ in range(n)]
+        try:
+            for step in range(max_tokens):
+                await asyncio.sleep(self.token_delay_s)
+                last = step == max_tokens - 1
+                reason = "abort" if stop.is_set() else ("length" if last else None)
+                tokens = (
+                    []
+                    if stop.is_set()
+                    else [derived_token(ids, step + 97 * i, vocab) for i in range(n)]
+                )
+                for i, token in enumerate(tokens):
+                    done[i].append(token)
+                if delta:
+                    yield FakeRequestOutput(
+                        request_id,
+                        ids,
+                        [
+                            FakeCompletion(i, [tokens[i]] if tokens else [], finish_reason=reason)
+                            for i in range(n)
+                        ],
+                        finished=reason is not None,
+                    )
+                if reason is not None:
+                    break
+            if not delta:
+                yield FakeRequestOutput(
+                    request_id,
+                    ids,
+                    [FakeCompletion(i, done[i], finish_reason="length") for i in range(n)],
+                    finished=True,
+                )
+        finally:
+            self.output_processor.running.discard(request_id)
+            self._stops.pop(request_id, None)
+
+    async def reset_prefix_cache(self, *_: Any) -> bool:
+        return True
+
+    async def start_profile(self) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
