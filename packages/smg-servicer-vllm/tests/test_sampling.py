@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -57,7 +58,7 @@ def test_set_values_pass_through() -> None:
         ("json_object", True, {"json_object": True}),
     ],
 )
-def test_constraints(field: str, value: object, expected: dict) -> None:
+def test_constraints(field: str, value: Any, expected: dict) -> None:
     assert to_sampling_spec(pb.SamplingParams(**{field: value})).structured == expected
 
 

@@ -41,6 +41,14 @@ class _Processor:
         return len(self.running)
 
 
+def _prompt_ids(prompt: Any) -> list[int]:
+    """The ids of a ``TokensPrompt`` (a dict); a text prompt counts as one token."""
+    try:
+        return [int(t) for t in prompt["prompt_token_ids"]]
+    except (TypeError, KeyError):
+        return [1]
+
+
 def _kind(params: Any) -> str:
     kind = getattr(params, "output_kind", DELTA)
     return str(getattr(kind, "name", kind))
@@ -92,7 +100,7 @@ class FakeAsyncLLM:
     async def generate(
         self, prompt: Any, params: Any, request_id: str, **_: Any
     ) -> AsyncIterator[FakeRequestOutput]:
-        ids = list(prompt["prompt_token_ids"]) if isinstance(prompt, dict) else [1]
+        ids = _prompt_ids(prompt)
         vocab = int(self.model_config.get_vocab_size())
         max_tokens = params.max_tokens or 16
         n = int(getattr(params, "n", 1) or 1)
