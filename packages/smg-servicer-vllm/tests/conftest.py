@@ -100,6 +100,14 @@ async def embed_stack(embed_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
         yield stack
 
 
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def fake_stack() -> AsyncIterator[tuple[Any, Any]]:
+    from smg_servicer_vllm.testing import FakeAsyncLLM
+
+    async with _serving(FakeAsyncLLM(token_delay_s=0.002)) as stack:
+        yield stack
+
+
 @contextlib.asynccontextmanager
 async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
     from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports

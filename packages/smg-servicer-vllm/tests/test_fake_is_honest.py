@@ -1,0 +1,72 @@
+"""The same contract checks against the fake AsyncLLM and the real one: the fake (used by the
+servicer-cost benchmark) behaves like the engine where the servicer can tell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing import generate_request
+
+pytestmark = [pytest.mark.contract, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture(params=["fake_stack", "vllm_stack"])
+def stack(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    return request.getfixturevalue(request.param)
+
+
+async def read_all(call: Any) -> list[pb.GenerateResponse]:
+    out = []
+    while (message := await call.read()) is not grpc.aio.EOF:
+        out.append(message)
+    return out
+
+
+async def test_stream_shape_for_n2(stack: tuple[Any, Any]) -> None:
+    _, stub = stack
+    responses = await read_all(
+        stub.Generate(
+            generate_request(
+                "vllm",
+                [1, 2, 3],
+                max_tokens=5,
+                n=2,
+                temperature=1.0,
+                seed=1,
+                ignore_eos=True,
+                stream=True,
+            )
+        )
+    )
+    for index in (0, 1):
+        mine = [
+            r
+            for r in responses
+            if (r.chunk.index if r.HasField("chunk") else r.complete.index) == index
+        ]
+        kinds = [r.WhichOneof("response") for r in mine]
+        assert kinds == ["chunk"] * 5 + ["complete"], kinds
+        assert all(r.chunk.completion_tokens == len(r.chunk.token_ids) == 1 for r in mine[:-1])
+        assert mine[-1].complete.completion_tokens == 5
+        assert mine[-1].complete.finish_reason == "length"
+        assert list(mine[-1].complete.output_ids) == list(mine[-2].chunk.token_ids)
+
+
+async def test_abort_ends_with_an_abort_complete(stack: tuple[Any, Any]) -> None:
+    servicer, stub = stack
+    rid = f"honest-{type(servicer.engine).__name__}"
+    call = stub.Generate(
+        generate_request(
+            "vllm", [1, 2, 3], max_tokens=900, ignore_eos=True, stream=True, request_id=rid
+        )
+    )
+    await call.read()
+    await stub.Abort(pb.AbortRequest(request_ids=[rid]))
+    rest = await read_all(call)
+    assert rest[-1].complete.finish_reason == "abort"
+    assert len(servicer.registry) == 0
+    assert servicer.engine.output_processor.get_num_unfinished_requests() == 0
