@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from smg_it.harness import Router, Worker, free_port
+from smg_it.harness import Router, Worker, free_port, mlx_worker, vllm_worker
 from smg_servicer_core.testing import cached_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,47 +23,11 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="module")
 def mlx_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "smg_grpc_servicer.mlx",
-        "--model",
-        str(tiny_model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    with Worker(cmd, port) as worker, Router(worker.url) as router:
+    with mlx_worker(tiny_model, free_port()) as worker, Router(worker.url) as router:
         yield worker, router
 
 
 @pytest.fixture(scope="module")
 def vllm_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    """vLLM's own gRPC launcher (what `vllm serve MODEL --grpc` runs), serving our servicer
-    through the facade, with the real router in front."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.launchers.grpc_server",
-        "--model",
-        str(tiny_model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(128 << 20),
-        "--disable-log-stats",
-    ]
-    with Worker(cmd, port, start_timeout_s=240) as worker, Router(worker.url) as router:
+    with vllm_worker(tiny_model, free_port()) as worker, Router(worker.url) as router:
         yield worker, router

@@ -20,7 +20,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests-integration"))
 
-from smg_it.harness import Router, Worker, free_port  # noqa: E402
+from smg_it.harness import Router, free_port, mlx_worker  # noqa: E402
 from smg_servicer_core.testing import cached_tiny_model  # noqa: E402
 
 
@@ -30,21 +30,8 @@ def main() -> int:
     model = cached_tiny_model(REPO / ".cache" / "models")
     print(f"model     {model.name} ready in {time.perf_counter() - t0:.1f}s", flush=True)
     port = free_port()
-    worker_cmd = [
-        sys.executable,
-        "-m",
-        "smg_grpc_servicer.mlx",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
     t1 = time.perf_counter()
-    with Worker(worker_cmd, port) as worker, Router(worker.url) as router:
+    with mlx_worker(model, port) as worker, Router(worker.url) as router:
         print(
             f"servicer  grpc://127.0.0.1:{port}; router {router.base} ready in "
             f"{time.perf_counter() - t1:.1f}s",

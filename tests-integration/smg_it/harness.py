@@ -155,3 +155,51 @@ class Router(_Process):
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop(grace_s=5)
+
+
+def mlx_worker(model: Path, port: int) -> Worker:
+    """The MLX servicer, launched the way the seed README documents (through the facade)."""
+    return Worker(
+        [
+            sys.executable,
+            "-m",
+            "smg_grpc_servicer.mlx",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        port,
+    )
+
+
+def vllm_worker(model: Path, port: int) -> Worker:
+    """vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs), which imports our
+    servicer through ``smg_grpc_servicer.vllm``; CPU-sized for the tiny model."""
+    return Worker(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.launchers.grpc_server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(128 << 20),
+            "--disable-log-stats",
+        ],
+        port,
+        start_timeout_s=240,
+    )

@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from smg_servicer_core.proto import (
     tokenspeed_scheduler_pb2_grpc,
     vllm_engine_pb2_grpc,
 )
+from smg_servicer_core.testing.process import fake_server_command, spawn_with_port_file
 from smg_servicer_core.testing.requests import generate_request
 
 STUBS: dict[str, Any] = {
@@ -198,30 +198,11 @@ def _round(value: float | None) -> float | None:
 
 def spawn_fake(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
     port_file = Path(tempfile.mkdtemp()) / "port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "smg_servicer_core.testing",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--log-level",
-            "warning",
-            "--token-delay-ms",
-            str(args.fake_token_delay_ms),
-        ],
-    )
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("the fake server did not start")
-        time.sleep(0.02)
-    return proc, int(port_file.read_text())
+    flags = ("--log-level", "warning", "--token-delay-ms", str(args.fake_token_delay_ms))
+    try:
+        return spawn_with_port_file(fake_server_command(port_file, *flags), port_file, output=None)
+    except RuntimeError as err:
+        raise SystemExit(str(err)) from err
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

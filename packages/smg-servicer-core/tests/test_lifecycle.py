@@ -21,6 +21,7 @@ from smg_grpc_proto.generated import mlx_engine_pb2_grpc
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.testing import FakeEngine, FakeEngineServicer, mlx_generate, running_server
 from smg_servicer_core.testing.fake_servicer import SERVICE_NAME
+from smg_servicer_core.testing.process import fake_server_command, spawn_with_port_file
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -28,29 +29,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def _spawn(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
     port_file = tmp_path / "port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "smg_servicer_core.testing",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 20
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"server did not start: {proc.communicate()[0].decode()}")
-        time.sleep(0.02)
-    return proc, int(port_file.read_text())
+    return spawn_with_port_file(fake_server_command(port_file, *flags), port_file, timeout_s=20)
 
 
 async def _read_all(stream: grpc.aio.UnaryStreamCall) -> list[pb.GenerateResponse]:

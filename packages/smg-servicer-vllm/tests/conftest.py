@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
@@ -13,7 +12,7 @@ import pytest_asyncio
 
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
-from smg_servicer_core.server import ServiceBinding
+from smg_servicer_core.server import ExternalEngine, ServiceBinding
 from smg_servicer_core.testing import cached_tiny_model, running_server
 
 REPO = Path(__file__).resolve().parents[3]
@@ -24,20 +23,6 @@ SESSION = pytest.mark.asyncio(loop_scope="session")
 def tiny_model() -> Path:
     root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
     return cached_tiny_model(root)
-
-
-class _Lifecycle:
-    """The AsyncLLM is built outside serve(): nothing to wait for, nothing to stop."""
-
-    async def wait_ready(self) -> None:
-        return None
-
-    async def wait_dead(self) -> str:
-        await asyncio.Event().wait()
-        return ""
-
-    async def shutdown(self) -> None:
-        return None
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -118,5 +103,5 @@ async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
         vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
 
     binding = ServiceBinding("vllm.grpc.engine.VllmEngine", register)
-    async with running_server([binding], HealthFrame("unused"), _Lifecycle()) as server:
+    async with running_server([binding], HealthFrame("unused"), ExternalEngine()) as server:
         yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)

@@ -81,6 +81,21 @@ class EngineLifecycle(Protocol):
         ...
 
 
+class ExternalEngine:
+    """The lifecycle of an engine built and stopped by someone else (vLLM's launcher, a test
+    fixture): ready at once, never reported dead, nothing to shut down."""
+
+    async def wait_ready(self) -> None:
+        return None
+
+    async def wait_dead(self) -> str:
+        await asyncio.Event().wait()
+        return ""  # pragma: no cover - never reached
+
+    async def shutdown(self) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class ServiceBinding:
     """An engine service to register: its full name and the generated ``add_*_to_server``."""

@@ -7,26 +7,13 @@ vLLM must be importable (the servicer builds vLLM's ``SamplingParams``), but no 
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
-from smg_servicer_core.server import ServerOptions, ServiceBinding, serve
+from smg_servicer_core.server import ExternalEngine, ServerOptions, ServiceBinding, serve
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
-
-
-class _Lifecycle:
-    async def wait_ready(self) -> None:
-        return None
-
-    async def wait_dead(self) -> str:
-        await asyncio.Event().wait()
-        return ""
-
-    async def shutdown(self) -> None:
-        return None
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -45,7 +32,7 @@ async def _main(args: argparse.Namespace) -> int:
     code = await serve(
         [ServiceBinding(SERVICE_NAME, register)],
         HealthFrame(SERVICE_NAME),
-        _Lifecycle(),
+        ExternalEngine(),
         ServerOptions(host="127.0.0.1", port=args.port),
         on_started=announce,
         in_flight=lambda: len(servicer.registry),
