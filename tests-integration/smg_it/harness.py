@@ -100,7 +100,13 @@ class Worker(_Process):
 class Router(_Process):
     """``smg launch`` in front of one worker, round-robin, on loopback only."""
 
-    def __init__(self, worker_url: str, *extra: str, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        worker_url: str,
+        *extra: str,
+        start_timeout_s: float = 120.0,
+        policy: str = "round_robin",
+    ) -> None:
         self.port, metrics = free_port(), free_port()
         super().__init__(
             [
@@ -119,7 +125,7 @@ class Router(_Process):
                 "--worker-urls",
                 worker_url,
                 "--policy",
-                "round_robin",
+                policy,
                 "--log-level",
                 "info",
                 "--worker-startup-check-interval",
@@ -177,7 +183,7 @@ def mlx_worker(model: Path, port: int) -> Worker:
     )
 
 
-def vllm_worker(model: Path, port: int) -> Worker:
+def vllm_worker(model: Path, port: int, *extra: str) -> Worker:
     """vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs), which imports our
     servicer through ``smg_grpc_servicer.vllm``; CPU-sized for the tiny model."""
     return Worker(
@@ -199,6 +205,7 @@ def vllm_worker(model: Path, port: int) -> Worker:
             "--kv-cache-memory-bytes",
             str(128 << 20),
             "--disable-log-stats",
+            *extra,
         ],
         port,
         start_timeout_s=240,

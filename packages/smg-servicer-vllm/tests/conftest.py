@@ -93,6 +93,12 @@ async def fake_stack() -> AsyncIterator[tuple[Any, Any]]:
         yield stack
 
 
+@pytest.fixture(scope="session")
+def serve_llm() -> Any:
+    """``async with serve_llm(llm) as (servicer, stub)``: our servicer over ``llm``."""
+    return _serving
+
+
 @contextlib.asynccontextmanager
 async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
     from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports

@@ -36,7 +36,8 @@ from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.rpcs import CommonRpcs
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
-from smg_servicer_vllm import _engine, convert, info
+from smg_servicer_kv_bridge import KvRelay
+from smg_servicer_vllm import _engine, convert, info, kv_events, logs
 from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
@@ -74,6 +75,7 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
         self.bundles = TokenizerBundleCache()
         self.loads = LoadTracker()
         self.started = time.monotonic()
+        logs.route_through_vllm()
         logger.info("VllmEngineServicer initialized (mm_processor=none)")
 
     async def _abort_in_engine(self, request_id: str) -> None:
@@ -288,7 +290,22 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        raise Unsupported(
-            "KV events are not relayed by this servicer yet; the router falls back to GetLoads"
+        sources = kv_events.kv_sources(self.engine)
+        if sources is None:
+            raise Unsupported(
+                "KV events are off: start vLLM with --kv-events-config "
+                '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to enable them; '
+                "the router falls back to GetLoads"
+            )
+        logger.info(
+            "KV-event subscription opened (start=%d, ranks=%d)",
+            request.start_sequence_number,
+            len(sources),
         )
-        yield common_pb2.KvEventBatch()  # pragma: no cover - makes this an async generator
+        relay = KvRelay(sources, load_source=self._load_record)
+        async for batch in relay.stream(request.start_sequence_number):
+            yield batch
+
+    def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:
+        response = info.loads(self.engine, self.loads.snapshot(), rank, _engine.VLLM_VERSION)
+        return kv_events.engine_load(response.loads[0]) if response.loads else None

@@ -1,0 +1,93 @@
+"""vLLM's KV-events configuration -> the bridge's sources, and the engine-load record.
+
+vLLM publishes over ZMQ when started with
+``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'``. Each DP rank binds its own
+port (the base port plus the rank); ``AsyncLLM.get_kv_event_sources()`` reports the endpoints it
+really bound when the engine offers it. Wildcard binds are dialled on loopback.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_kv_bridge import KvSource
+
+_WILDCARDS = (
+    ("tcp://*:", "tcp://127.0.0.1:"),
+    ("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
+    ("tcp://[::]:", "tcp://[::1]:"),
+)
+_PORT = re.compile(r":(\d+)$")
+
+
+def dialable(endpoint: str) -> str:
+    for wildcard, loopback in _WILDCARDS:
+        if endpoint.startswith(wildcard):
+            return loopback + endpoint[len(wildcard) :]
+    return endpoint
+
+
+def offset(endpoint: str, rank: int) -> str:
+    match = _PORT.search(endpoint)
+    if rank == 0 or match is None or not endpoint.startswith("tcp://"):
+        return endpoint
+    return endpoint[: match.start(1)] + str(int(match.group(1)) + rank)
+
+
+def _enabled(config: Any) -> bool:
+    return bool(
+        config is not None
+        and getattr(config, "enable_kv_cache_events", False)
+        and getattr(config, "publisher", None) == "zmq"
+    )
+
+
+def kv_sources(engine: Any) -> list[KvSource] | None:
+    """The publishers to relay, or None when vLLM publishes no ZMQ KV events."""
+    config = getattr(engine.vllm_config, "kv_events_config", None)
+    if not _enabled(config):
+        return None
+    per_rank: dict[int, Any] = {}
+    getter: Any = getattr(engine, "get_kv_event_sources", None)
+    if callable(getter):
+        try:
+            reported: Any = getter()
+            per_rank = {int(k): v for k, v in dict(reported).items()}
+        except Exception:  # older engines: derive the endpoints below
+            per_rank = {}
+    if not per_rank:
+        ranks = int(getattr(engine.vllm_config.parallel_config, "data_parallel_size", 1) or 1)
+        per_rank = dict.fromkeys(range(ranks), None)
+    sources: list[KvSource] = []
+    for rank, own in sorted(per_rank.items()):
+        cfg: Any = own if _enabled(own) else config
+        shift = 0 if cfg is own else rank  # reported endpoints are already offset
+        replay = getattr(cfg, "replay_endpoint", None)
+        sources.append(
+            KvSource(
+                rank=int(rank),
+                endpoint=dialable(offset(str(cfg.endpoint), shift)),
+                replay_endpoint=dialable(offset(str(replay), shift)) if replay else None,
+                topic=str(getattr(cfg, "topic", "") or "").encode(),
+                hwm=int(getattr(cfg, "hwm", 100_000) or 100_000),
+            )
+        )
+    return sources
+
+
+def engine_load(load: pb.SchedulerLoad) -> common_pb2.EngineLoad:
+    """The ``EngineLoad`` record stamped on KV batches, from a GetLoads row."""
+    return common_pb2.EngineLoad(
+        running_requests=max(load.num_running_reqs, 0),
+        waiting_requests=max(load.num_waiting_reqs, 0),
+        token_usage=load.token_usage,
+        gen_throughput=load.gen_throughput,
+        max_running_requests=max(load.max_running_requests, 0),
+        cache_hit_rate=load.cache_hit_rate,
+        num_used_tokens=load.num_used_tokens,
+        max_total_num_tokens=load.max_total_num_tokens,
+    )

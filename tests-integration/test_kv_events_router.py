@@ -1,0 +1,47 @@
+"""The real router with ``--policy cache_aware`` subscribes to a vLLM worker's KV events (our
+bridge) and keeps the stream while it routes requests."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from smg_it.harness import Router, free_port, vllm_worker
+
+pytestmark = pytest.mark.integration
+
+
+def test_cache_aware_router_keeps_the_kv_event_stream(tiny_model: Path) -> None:
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+    }
+    worker = vllm_worker(tiny_model, free_port(), "--kv-events-config", json.dumps(config))
+    with worker, Router(worker.url, policy="cache_aware") as router:
+        model = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        story = "Once upon a time the router sent every request to the best worker. " * 30
+        for i in range(6):
+            reply = httpx.post(
+                router.base + "/v1/completions",
+                timeout=60,
+                json={"model": model, "prompt": story + str(i), "max_tokens": 4},
+            )
+            assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 20
+        while "KV-event subscription opened" not in worker.log.read_text():
+            assert time.monotonic() < deadline, "the router never subscribed"
+            time.sleep(0.2)
+        time.sleep(1.5)  # heartbeats flow; the subscription must still be open afterwards
+        log = worker.log.read_text()
+        assert "KV-event stream reset" not in log
+        opened, closed = log.count("KV-event subscription opened"), log.count("relay closed")
+        assert opened - closed == 1, "exactly one live subscription, kept open by the router"
+        routed = router.log.read_text()
+        assert "KV event stream connected" in routed
+        assert routed.count("KV event stream connected") == 1, "no reconnect: the stream held"
