@@ -25,27 +25,39 @@ def tiny_model() -> Path:
     return cached_tiny_model(root)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def async_llm(tiny_model: Path) -> AsyncIterator[Any]:
-    """One real vLLM CPU engine (float32 tiny Llama) for the whole session."""
+def build_llm(model: Path, **overrides: Any) -> Any:
+    """A real vLLM CPU engine for the float32 tiny Llama; ``overrides`` are AsyncEngineArgs."""
     from vllm import AsyncEngineArgs
-    from vllm.config import StructuredOutputsConfig
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=str(tiny_model),
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            kv_cache_memory_bytes=128 << 20,
-            seed=0,
-            # A random model fills free JSON whitespace forever; the engine option (the same as
-            # --structured-outputs-config.disable_any_whitespace) keeps constrained output tight.
-            structured_outputs_config=StructuredOutputsConfig(
-                backend="xgrammar", disable_any_whitespace=True
-            ),
-        )
+    args: dict[str, Any] = {
+        "model": str(model),
+        "dtype": "float32",
+        "max_model_len": 1024,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": 128 << 20,
+        "seed": 0,
+    }
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**(args | overrides)))
+
+
+@pytest.fixture(scope="session")
+def make_llm() -> Any:
+    return build_llm
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def async_llm(tiny_model: Path) -> AsyncIterator[Any]:
+    """One real vLLM CPU engine for the whole session."""
+    from vllm.config import StructuredOutputsConfig
+
+    # A random model fills free JSON whitespace forever; the engine option (the same as
+    # --structured-outputs-config.disable_any_whitespace) keeps constrained output tight.
+    llm = build_llm(
+        tiny_model,
+        structured_outputs_config=StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True
+        ),
     )
     yield llm
     llm.shutdown()
@@ -54,20 +66,12 @@ async def async_llm(tiny_model: Path) -> AsyncIterator[Any]:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def embed_llm(tiny_model: Path) -> AsyncIterator[Any]:
     """The same tiny Llama run as an embedding model (vLLM's pooling runner)."""
-    from vllm import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=str(tiny_model),
-            dtype="float32",
-            max_model_len=512,
-            enforce_eager=True,
-            kv_cache_memory_bytes=64 << 20,
-            seed=0,
-            runner="pooling",
-            convert="embed",
-        )
+    llm = build_llm(
+        tiny_model,
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        runner="pooling",
+        convert="embed",
     )
     yield llm
     llm.shutdown()

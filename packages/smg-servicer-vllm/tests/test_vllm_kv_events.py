@@ -27,28 +27,21 @@ def _free_port() -> int:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def kv_llm(tiny_model: Path) -> AsyncIterator[Any]:
+async def kv_llm(tiny_model: Path, make_llm: Any) -> AsyncIterator[Any]:
     """A small KV cache (16 blocks) so that new prompts evict old blocks: BlockRemoved."""
-    from vllm import AsyncEngineArgs
     from vllm.config import KVEventsConfig
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=str(tiny_model),
-            dtype="float32",
-            max_model_len=512,
-            enforce_eager=True,
-            kv_cache_memory_bytes=16 * BLOCK * 1024,
-            seed=0,
-            enable_prefix_caching=True,
-            kv_events_config=KVEventsConfig(
-                enable_kv_cache_events=True,
-                publisher="zmq",
-                endpoint=f"tcp://*:{_free_port()}",
-                replay_endpoint=f"tcp://*:{_free_port()}",
-            ),
-        )
+    llm = make_llm(
+        tiny_model,
+        max_model_len=512,
+        kv_cache_memory_bytes=16 * BLOCK * 1024,
+        enable_prefix_caching=True,
+        kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=f"tcp://*:{_free_port()}",
+            replay_endpoint=f"tcp://*:{_free_port()}",
+        ),
     )
     yield llm
     llm.shutdown()
