@@ -273,3 +273,13 @@ async def test_load_records_and_heartbeats() -> None:
         samples = [b.load.sample for b in reader.batches]
         assert samples == sorted(samples) and len(set(samples)) == len(samples)
         await reader.close()
+
+
+async def test_sglang_reply_form_resumes_too() -> None:
+    async with ScriptedPublisher(style="sglang") as pub:
+        for _ in range(6):
+            pub.publish(EVENT)
+        reader = Reader(KvRelay([source(pub)]).stream(4))
+        await reader.until(lambda r: len(r.seqs) >= 2)
+        assert reader.seqs == [5, 6]
+        await reader.close()
