@@ -143,10 +143,11 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
     def _responses(
         self, output: Any, stream: bool, spec: SamplingSpec, choices: dict[int, _Choice]
     ) -> Iterator[pb.GenerateResponse]:
-        prompt_ids = list(output.prompt_token_ids or [])
+        prompt_ids = output.prompt_token_ids or ()  # not copied: read per token on hot paths
+        prompt_len = len(prompt_ids)
         cached = int(output.num_cached_tokens or 0)
         if not choices:
-            self.loads.record_prompt(len(prompt_ids), cached)
+            self.loads.record_prompt(prompt_len, cached)
         top_n = spec.kwargs["logprobs"] or 0
         top_n_prompt = spec.kwargs["prompt_logprobs"] or 0
         for completion in output.outputs:
@@ -163,10 +164,12 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
             )
             in_lp = None
             if not choice.sent_input_logprobs and spec.kwargs["prompt_logprobs"] is not None:
-                in_lp = convert.input_logprobs(prompt_ids, output.prompt_logprobs, top_n_prompt)
+                in_lp = convert.input_logprobs(
+                    list(prompt_ids), output.prompt_logprobs, top_n_prompt
+                )
                 choice.sent_input_logprobs = True
             common: dict[str, Any] = {
-                "prompt_tokens": len(prompt_ids),
+                "prompt_tokens": prompt_len,
                 "cached_tokens": cached,
                 "index": completion.index,
                 "output_logprobs": out_lp,
