@@ -60,6 +60,8 @@ class FakeAsyncLLM:
     ) -> None:
         self.token_delay_s = token_delay_s
         self.errored = False
+        #: What ``reset_prefix_cache`` answers (vLLM refuses while requests hold blocks).
+        self.flush_succeeds = True
         self.output_processor = _Processor()
         self.aborted: list[str] = []
         self._stops: dict[str, asyncio.Event] = {}
@@ -144,7 +146,7 @@ class FakeAsyncLLM:
             self._stops.pop(request_id, None)
 
     async def reset_prefix_cache(self, *_: Any) -> bool:
-        return True
+        return self.flush_succeeds
 
     async def start_profile(self) -> None:
         return None

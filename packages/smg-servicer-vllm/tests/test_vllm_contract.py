@@ -1,0 +1,81 @@
+"""Servicer behaviour that needs engine states a real CPU engine does not reach on demand:
+engine errors, refused cache flushes, health transitions (FakeAsyncLLM)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_vllm.health_servicer import SERVICE_NAME, VllmHealthServicer
+from smg_servicer_vllm.testing import FakeAsyncLLM
+
+pytestmark = [pytest.mark.contract, pytest.mark.asyncio(loop_scope="session")]
+
+
+class _Context:
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise AssertionError(f"unexpected abort {code}: {details}")
+
+
+async def test_health_servicer_follows_the_engine_and_shutdown() -> None:
+    engine = FakeAsyncLLM()
+    health = VllmHealthServicer(engine)
+
+    async def status(service: str = "") -> int:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return (await health.Check(request, _Context())).status  # type: ignore[arg-type]
+
+    assert await status() == health_pb2.HealthCheckResponse.SERVING
+    assert await status(SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+    engine.errored = True
+    assert await status() == health_pb2.HealthCheckResponse.NOT_SERVING
+    engine.errored = False
+    assert await status() == health_pb2.HealthCheckResponse.SERVING
+    health.set_not_serving()  # the launcher's shutdown: for good
+    assert await status(SERVICE_NAME) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_engine_health_check_reports_a_dead_engine(fake_stack: tuple[Any, Any]) -> None:
+    servicer, stub = fake_stack
+    servicer.engine.errored = True
+    try:
+        response = await stub.HealthCheck(pb.HealthCheckRequest())
+        assert (response.healthy, response.message) == (False, "Engine is not alive")
+    finally:
+        servicer.engine.errored = False
+    assert (await stub.HealthCheck(pb.HealthCheckRequest())).healthy
+
+
+async def test_flush_cache_refusal_and_deadline(fake_stack: tuple[Any, Any]) -> None:
+    servicer, stub = fake_stack
+    servicer.engine.flush_succeeds = False
+    try:
+        once = await stub.FlushCache(common_pb2.FlushCacheRequest(timeout_s=0))
+        assert (once.success, once.message) == (False, "refused; requests may be in flight")
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stub.FlushCache(common_pb2.FlushCacheRequest(timeout_s=0.3))
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await stub.FlushCache(common_pb2.FlushCacheRequest(timeout_s=float("inf")))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        servicer.engine.flush_succeeds = True
+    assert (await stub.FlushCache(common_pb2.FlushCacheRequest())).success
+
+
+async def test_multimodal_input_is_unimplemented(fake_stack: tuple[Any, Any]) -> None:
+    _, stub = fake_stack
+    request = pb.GenerateRequest(
+        request_id="mm",
+        tokenized=pb.TokenizedInput(input_ids=[1]),
+        media_refs=pb.MediaRefs(items=[pb.MediaRef(url="http://x")]),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.Generate(request):
+            pass
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
