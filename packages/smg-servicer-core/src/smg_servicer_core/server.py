@@ -104,6 +104,13 @@ class ServiceBinding:
     register: Callable[[grpc.aio.Server], None]
 
 
+def bind_servicer(
+    full_name: str, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: object
+) -> ServiceBinding:
+    """The binding for ``servicer`` with the generated ``add_<Service>Servicer_to_server``."""
+    return ServiceBinding(full_name, lambda server: add_to_server(servicer, server))
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     host: str = "0.0.0.0"

@@ -21,7 +21,7 @@ from smg_servicer_core.proto import mlx_engine_pb2 as pb
 from smg_servicer_core.proto import mlx_engine_pb2_grpc
 from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.rpcs import CommonRpcs
-from smg_servicer_core.server import ServiceBinding
+from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
 from smg_servicer_mlx.params import GenParams, ModelLimits, to_params
 
@@ -61,10 +61,8 @@ class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
         self.started = time.monotonic()
 
     def binding(self) -> ServiceBinding:
-        def register(server: grpc.aio.Server) -> None:
-            mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server(self, server)  # pyright: ignore[reportUnknownMemberType]
-
-        return ServiceBinding(SERVICE_NAME, register)
+        add = mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        return bind_servicer(SERVICE_NAME, add, self)  # pyright: ignore[reportUnknownArgumentType]
 
     @grpc_errors
     async def Generate(
