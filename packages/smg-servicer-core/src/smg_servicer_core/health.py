@@ -56,6 +56,17 @@ class HealthFrame(health_pb2_grpc.HealthServicer):
     def set_not_serving(self) -> None:
         self._set_all(NOT_SERVING)
 
+    def set_engine_serving(self, serving: bool) -> None:
+        """Readiness of the engine service alone (liveness ``""`` unchanged), for engines that
+        can be alive but stuck. Ignored while not serving overall or shutting down."""
+        if self._shutting_down or self._status[""] != SERVING:
+            return
+        status = SERVING if serving else NOT_SERVING
+        if self._status[self.engine_service] != status:
+            self._status[self.engine_service] = status
+            self._changed.set()
+            self._changed = asyncio.Event()
+
     def enter_shutdown(self) -> None:
         self._shutting_down = True
         self._set_all(NOT_SERVING)

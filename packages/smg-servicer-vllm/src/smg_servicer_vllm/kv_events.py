@@ -9,33 +9,12 @@ really bound when the engine offers it. Wildcard binds are dialled on loopback.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_kv_bridge import KvSource
-
-_WILDCARDS = (
-    ("tcp://*:", "tcp://127.0.0.1:"),
-    ("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
-    ("tcp://[::]:", "tcp://[::1]:"),
-)
-_PORT = re.compile(r":(\d+)$")
-
-
-def dialable(endpoint: str) -> str:
-    for wildcard, loopback in _WILDCARDS:
-        if endpoint.startswith(wildcard):
-            return loopback + endpoint[len(wildcard) :]
-    return endpoint
-
-
-def offset(endpoint: str, rank: int) -> str:
-    match = _PORT.search(endpoint)
-    if rank == 0 or match is None or not endpoint.startswith("tcp://"):
-        return endpoint
-    return endpoint[: match.start(1)] + str(int(match.group(1)) + rank)
+from smg_servicer_kv_bridge.endpoints import dialable, offset
 
 
 def _enabled(config: Any) -> bool:

@@ -1,0 +1,193 @@
+"""The only module that imports SGLang: scheduler launch, the IPC wire types and model facts.
+
+Everything SGLang-version-specific lives here (tested with 0.5.23), so the request manager and
+the servicer work on the names below and plain values.
+"""
+
+# SGLang ships no type information; this boundary is checked loosely on purpose.
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false, reportMissingTypeStubs=false, reportAttributeAccessIssue=false, reportUnknownParameterType=false, reportMissingParameterType=false
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import sglang
+from sglang.srt.arg_groups.model_override_base import resolved_view
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
+from sglang.srt.managers import io_struct
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchEmbeddingOutput,
+    BatchTokenIDOutput,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    HealthCheckOutput,
+    ProfileReq,
+    ProfileReqOutput,
+    ProfileReqType,
+    TokenizedEmbeddingReqInput,
+    TokenizedGenerateReqInput,
+    async_sock_recv,
+    async_sock_send,
+)
+from sglang.srt.managers.load_snapshot import LoadSnapshot, create_load_snapshot_reader
+from sglang.srt.managers.scheduler import run_scheduler_process
+from sglang.srt.parser.template_detection import resolve_auto_parsers
+from sglang.srt.plugins import load_plugins
+from sglang.srt.runtime_context import get_parallel, publish
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import PortArgs, ServerArgs, prepare_server_args
+from sglang.srt.utils.common import configure_logger
+from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+SGLANG_VERSION: str = str(sglang.__version__)
+
+__all__ = [
+    "SGLANG_VERSION",
+    "AbortReq",
+    "BatchEmbeddingOutput",
+    "BatchTokenIDOutput",
+    "FlushCacheReqInput",
+    "FlushCacheReqOutput",
+    "HealthCheckOutput",
+    "LoadSnapshot",
+    "PortArgs",
+    "ProfileReq",
+    "ProfileReqOutput",
+    "ProfileReqType",
+    "SamplingParams",
+    "ServerArgs",
+    "TokenizedEmbeddingReqInput",
+    "TokenizedGenerateReqInput",
+    "async_sock_recv",
+    "async_sock_send",
+    "io_struct",
+    "prepare_server_args",
+]
+
+
+class SchedulerStartError(RuntimeError):
+    """A scheduler process exited or reported a failure before it was ready."""
+
+
+def _run_scheduler(*args: Any, **kwargs: Any) -> None:
+    """A scheduler rank, with Ctrl+C left to the servicer (which stops the ranks in order)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run_scheduler_process(*args, **kwargs)
+
+
+@dataclass
+class Launched:
+    """What the scheduler launch gives the servicer."""
+
+    port_args: Any
+    scheduler_info: dict[str, Any]
+    processes: list[mp.process.BaseProcess]
+    dp_size: int
+    load_reader: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(server_args: Any) -> tuple[Any, Any]:
+    """Validate and publish ``server_args`` as the tokenizer role; returns fresh ``PortArgs`` and
+    the resolved settings (read every setting through these: raw ``ServerArgs`` fields stay
+    unset where SGLang derives them, the tokenizer path for one, and the resolution record is
+    not kept once the schedulers start).
+
+    The same steps, in the same order, as SGLang's own launcher before it spawns schedulers.
+    Raises ``ValueError`` (or SGLang's own errors) for an invalid configuration.
+    """
+    configure_logger(server_args)
+    server_args.resolve_once()
+    _set_envs_and_config(server_args)
+    load_plugins()
+    server_args.check_server_args()
+    resolve_auto_parsers(server_args)
+    publish(server_args, role="tokenizer")
+    config = resolved_view(server_args)
+    return PortArgs.init_new(server_args), config
+
+
+def settings(server_args: Any, config: Any) -> dict[str, Any]:
+    """Every resolved setting by name (for GetServerInfo)."""
+    return {name: getattr(config, name, None) for name in server_args.__struct_fields__}
+
+
+def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
+    """Start every scheduler rank this node runs (TP/PP ranks, or the DP controller) and wait
+    until all report ready. Blocking: call it off the event loop. On failure nothing is left
+    running and :class:`SchedulerStartError` says which rank failed."""
+    result, procs = Engine._launch_scheduler_processes(server_args, port_args, _run_scheduler)
+    processes: list[mp.process.BaseProcess] = list(procs or [])
+    try:
+        result.wait_for_ready()
+    except BaseException as exc:
+        terminate(processes)
+        raise SchedulerStartError(str(exc) or type(exc).__name__) from exc
+    info = dict(result.scheduler_infos[0])
+    reader = create_load_snapshot_reader(port_args, caller="TokenizerManager")
+    return Launched(port_args, info, processes, dp_size(), reader)
+
+
+def dp_size() -> int:
+    """Data-parallel ranks of the published configuration (after :func:`prepare`)."""
+    return int(get_parallel().num_dp_ranks or 1)
+
+
+def terminate(processes: list[mp.process.BaseProcess], join_s: float = 2.0) -> None:
+    """SIGTERM each rank, wait ``join_s``, then SIGKILL what is left. Every rank is reaped."""
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=join_s)
+        if proc.is_alive():
+            logger.warning("scheduler pid %s did not stop; killing it", proc.pid)
+            proc.kill()
+            proc.join(timeout=1.0)
+
+
+def model_facts(server_args: Any) -> dict[str, Any]:
+    """Vocabulary, context, special ids and architecture from the model's own config."""
+    config = ModelConfig.from_server_args(server_args)
+    hf: Any = config.hf_config
+    text: Any = getattr(config, "hf_text_config", hf)
+    eos: Any = getattr(config, "hf_eos_token_id", None) or getattr(hf, "eos_token_id", None)
+    if isinstance(eos, int):
+        eos_ids = [eos]
+    elif eos:
+        eos_ids = sorted(int(x) for x in eos)
+    else:
+        eos_ids = []
+    return {
+        "vocab_size": int(config.vocab_size),
+        "context_length": int(config.context_len),
+        "is_generation": bool(config.is_generation),
+        "model_type": str(getattr(hf, "model_type", "") or ""),
+        "architectures": [str(a) for a in (getattr(hf, "architectures", None) or [])],
+        "eos_token_ids": eos_ids,
+        "pad_token_id": int(getattr(text, "pad_token_id", None) or 0),
+        "bos_token_id": int(getattr(text, "bos_token_id", None) or 0),
+        "supports_vision": bool(getattr(config, "is_multimodal", False)),
+        "num_labels": int(getattr(hf, "num_labels", 0) or 0),
+        "id2label": dict(getattr(hf, "id2label", None) or {}),
+    }
+
+
+def load_tokenizer(server_args: Any) -> Any:
+    """The HF tokenizer SGLang itself would use (None under ``--skip-tokenizer-init``)."""
+    if server_args.skip_tokenizer_init:
+        return None
+    return get_tokenizer(
+        server_args.tokenizer_path,
+        tokenizer_mode=server_args.tokenizer_mode,
+        trust_remote_code=server_args.trust_remote_code,
+        tokenizer_revision=server_args.revision,
+    )

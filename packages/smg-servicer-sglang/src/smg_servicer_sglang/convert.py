@@ -1,0 +1,288 @@
+"""``sglang.grpc.scheduler`` protos <-> SGLang's IPC requests and the servicer's outputs.
+
+Proto3 "unset" rules (the wire cannot tell an unset scalar from zero):
+
+- ``temperature`` 0 means greedy (SGLang's own rule for 0). The SGLang proto has no ``optional``
+  temperature, so the router sends the client's value, and 0 when the client sends 0;
+- ``top_p`` 0 -> 1.0, ``top_k`` 0 -> all tokens, ``repetition_penalty`` 0 -> 1.0: their zeros are
+  never meant (an empty candidate set, an infinite penalty);
+- ``n`` 0 -> 1; ``max_new_tokens`` unset -> what the context leaves after the prompt;
+- ``logprob_start_len`` is a plain int32, so unset reads 0. 0 is taken as unset (-1: no prompt
+  logprobs, SGLang's default); a positive value asks for prompt logprobs from that position.
+  Position 0 has no logprob (nothing precedes the first token), so 1 gives what 0 would. The
+  router sends -1 explicitly.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from smg_servicer_core.errors import InvalidRequest, ServicerError, from_http_status
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_sglang import _sglang as sg
+from smg_servicer_sglang.request_manager import Output
+
+#: Stop strings and stop token ids SGLang accepts per request.
+MAX_STOPS = 32
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int
+    context_length: int
+    is_generation: bool = True
+
+
+def prompt_ids(tokenized: pb.TokenizedInput, limits: ModelLimits) -> array[int]:
+    """The prompt as SGLang wants it (``array('q')``), validated against the model."""
+    ids = list(tokenized.input_ids)
+    if not ids:
+        raise InvalidRequest("tokenized.input_ids must not be empty (this worker takes token ids)")
+    bad = next((t for t in ids if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {limits.vocab_size})")
+    if len(ids) >= limits.context_length:
+        raise InvalidRequest(
+            f"the prompt has {len(ids)} tokens; the context holds {limits.context_length}"
+        )
+    return array("q", ids)
+
+
+def sampling_params(
+    params: pb.SamplingParams, prompt_len: int, limits: ModelLimits, tokenizer: Any
+) -> Any:
+    """SGLang ``SamplingParams``, normalized and verified (ValueError -> INVALID_ARGUMENT)."""
+    constraint = params.WhichOneof("constraint")
+    if len(params.stop) > MAX_STOPS or len(params.stop_token_ids) > MAX_STOPS:
+        raise InvalidRequest(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop ids")
+    room = limits.context_length - prompt_len
+    max_new = params.max_new_tokens if params.HasField("max_new_tokens") else room
+    if max_new > room:
+        raise InvalidRequest(
+            f"max_new_tokens {max_new} does not fit: the prompt leaves {room} of "
+            f"{limits.context_length} context tokens"
+        )
+    bad_stop = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
+    if bad_stop is not None:
+        raise InvalidRequest(f"stop token id {bad_stop} is outside the vocabulary")
+    try:
+        result = sg.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p if params.top_p != 0.0 else 1.0,
+            top_k=params.top_k if params.top_k != 0 else -1,
+            min_p=params.min_p,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            repetition_penalty=params.repetition_penalty if params.repetition_penalty else 1.0,
+            max_new_tokens=max_new,
+            min_new_tokens=params.min_new_tokens,
+            stop=list(params.stop) or None,
+            stop_token_ids=set(params.stop_token_ids) or None,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            regex=params.regex if constraint == "regex" else None,
+            json_schema=params.json_schema if constraint == "json_schema" else None,
+            ebnf=params.ebnf_grammar if constraint == "ebnf_grammar" else None,
+            structural_tag=params.structural_tag if constraint == "structural_tag" else None,
+            n=1,
+            ignore_eos=params.ignore_eos,
+            stream_interval=params.stream_interval if params.HasField("stream_interval") else None,
+            logit_bias={str(k): float(v) for k, v in params.logit_bias.items()} or None,
+            custom_params=(
+                MessageToDict(params.custom_params) if params.HasField("custom_params") else None
+            ),
+        )
+        result.verify(limits.vocab_size)
+        result.normalize(tokenizer)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(str(exc)) from exc
+    return result
+
+
+def internal_params(tokenizer: Any, **fields: Any) -> Any:
+    """SamplingParams for the servicer's own requests (probe, warm-up, embeddings), normalized
+    as the scheduler expects every request's to be."""
+    params = sg.SamplingParams(**fields)
+    params.normalize(tokenizer)
+    return params
+
+
+def generate_reqs(
+    request: pb.GenerateRequest, limits: ModelLimits, tokenizer: Any
+) -> tuple[list[Any], Any | None]:
+    """The scheduler requests for one ``Generate``: one, or ``n`` plus a prefix-warming request
+    (``max_new_tokens`` 0, as SGLang's own tokenizer manager does for ``n > 1``)."""
+    if request.return_hidden_states:
+        raise InvalidRequest("return_hidden_states is not served by this worker; ask without it")
+    if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
+        raise InvalidRequest("multimodal inputs are not served by this worker")
+    if request.input_embeds:
+        raise InvalidRequest("input_embeds are not served by this worker; send token ids")
+    if request.top_logprobs_num < 0:
+        raise InvalidRequest("top_logprobs_num must not be negative")
+    bad_lp = next((t for t in request.token_ids_logprob if t >= limits.vocab_size), None)
+    if bad_lp is not None:
+        raise InvalidRequest(f"token_ids_logprob id {bad_lp} is outside the vocabulary")
+    if not limits.is_generation:
+        raise InvalidRequest("this worker serves an embedding model: use Embed")
+    ids = prompt_ids(request.tokenized, limits)
+    n = max(request.sampling_params.n, 1)
+    logprob_start = request.logprob_start_len
+    if not request.return_logprob or logprob_start <= 0:
+        logprob_start = -1
+    if logprob_start >= len(ids):
+        raise InvalidRequest(f"logprob_start_len {logprob_start} is past the prompt")
+    dp_rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+    disagg = request.disaggregated_params if request.HasField("disaggregated_params") else None
+
+    def one(rid: str, max_new: int | None = None) -> Any:
+        params = sampling_params(request.sampling_params, len(ids), limits, tokenizer)
+        if max_new is not None:
+            params.max_new_tokens = max_new
+        return sg.TokenizedGenerateReqInput(
+            rid=rid,
+            input_text=request.tokenized.original_text or None,
+            input_ids=array("q", ids),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=params,
+            return_logprob=request.return_logprob,
+            logprob_start_len=logprob_start,
+            top_logprobs_num=request.top_logprobs_num,
+            token_ids_logprob=list(request.token_ids_logprob) or None,
+            stream=request.stream,
+            lora_id=request.lora_id or None,
+            routed_dp_rank=dp_rank,
+            require_reasoning=request.require_reasoning,
+            bootstrap_host=disagg.bootstrap_host if disagg else None,
+            bootstrap_port=disagg.bootstrap_port if disagg and disagg.bootstrap_port else None,
+            bootstrap_room=disagg.bootstrap_room if disagg else None,
+        )
+
+    rid = request.request_id
+    if n == 1:
+        return [one(rid)], None
+    return [one(f"{rid}-{i}") for i in range(n)], one(f"{rid}-prefix", max_new=0)
+
+
+def embed_req(request: pb.EmbedRequest, limits: ModelLimits, tokenizer: Any) -> Any:
+    if request.is_cross_encoder or request.texts:
+        raise InvalidRequest("cross-encoder scoring is not served by this worker")
+    if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
+        raise InvalidRequest("multimodal inputs are not served by this worker")
+    ids = prompt_ids(request.tokenized, limits)
+    if request.token_type_ids and len(request.token_type_ids) != len(ids):
+        raise InvalidRequest("token_type_ids must be as long as input_ids")
+    return sg.TokenizedEmbeddingReqInput(
+        rid=request.request_id,
+        input_text=request.tokenized.original_text or None,
+        input_ids=ids,
+        mm_inputs=None,
+        token_type_ids=list(request.token_type_ids) or None,
+        sampling_params=internal_params(tokenizer, max_new_tokens=0),
+        routed_dp_rank=request.data_parallel_rank or None,
+    )
+
+
+# -- outputs --------------------------------------------------------------------------------
+
+
+def failure(finish: dict[str, Any] | None) -> ServicerError | None:
+    """The error an abort finish carries, or None for a plain abort (the client's own)."""
+    if not finish or finish.get("type") != "abort":
+        return None
+    status = finish.get("status_code")
+    if status is None:
+        return None
+    message = str(finish.get("message") or "the scheduler aborted the request")
+    return from_http_status(status, message)
+
+
+def finish_reason(finish: dict[str, Any] | None) -> str:
+    kind = (finish or {}).get("type")
+    if kind in ("length", "abort"):
+        return str(kind)
+    return "stop"
+
+
+def _top(rows: list[tuple[list[float], list[int]]]) -> list[pb.TopLogProbs]:
+    return [pb.TopLogProbs(values=v, token_ids=i) for v, i in rows]
+
+
+def output_logprobs(outputs: list[Output]) -> pb.OutputLogProbs | None:
+    if not any(o.out_logprobs for o in outputs):
+        return None
+    result = pb.OutputLogProbs()
+    for o in outputs:
+        result.token_logprobs.extend(o.out_logprobs)
+        result.token_ids.extend(o.out_logprob_ids)
+        result.top_logprobs.extend(_top(o.out_top))
+        result.token_ids_logprobs.extend(_top(o.out_ids_logprobs))
+    return result
+
+
+def input_logprobs(outputs: list[Output]) -> pb.InputLogProbs | None:
+    first = next((o for o in outputs if o.in_logprobs is not None), None)
+    if first is None or first.in_logprobs is None:
+        return None
+    result = pb.InputLogProbs(token_ids=first.in_logprob_ids, top_logprobs=_top(first.in_top))
+    for value in first.in_logprobs:
+        entry = result.token_logprobs.add()
+        if value is not None:
+            entry.value = value
+    return result
+
+
+def chunk(outputs: list[Output], index: int) -> pb.GenerateStreamChunk:
+    """One stream chunk for everything new in ``outputs`` (counts from the latest)."""
+    last = outputs[-1]
+    result = pb.GenerateStreamChunk(
+        token_ids=[t for o in outputs for t in o.token_ids],
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
+        reasoning_tokens=last.reasoning_tokens,
+        index=index,
+    )
+    if (lp := output_logprobs(outputs)) is not None:
+        result.output_logprobs.CopyFrom(lp)
+    if (ilp := input_logprobs(outputs)) is not None:
+        result.input_logprobs.CopyFrom(ilp)
+    return result
+
+
+def complete(
+    token_ids: list[int], outputs: list[Output], final: Output, index: int
+) -> pb.GenerateComplete:
+    """The terminal message: ``token_ids`` are all ids (non-stream) or the last delta (stream);
+    logprobs cover ``outputs``."""
+    counts = next((o for o in reversed(outputs) if o.prompt_tokens), final)
+    result = pb.GenerateComplete(
+        output_ids=token_ids,
+        finish_reason=finish_reason(final.finish),
+        prompt_tokens=counts.prompt_tokens,
+        completion_tokens=counts.completion_tokens,
+        cached_tokens=counts.cached_tokens,
+        reasoning_tokens=counts.reasoning_tokens,
+        index=index,
+        spec_accepted_tokens=counts.spec_accepted,
+        spec_draft_tokens=counts.spec_drafts,
+    )
+    matched = (final.finish or {}).get("matched")
+    if isinstance(matched, bool):
+        pass
+    elif isinstance(matched, int):
+        result.matched_token_id = matched
+    elif isinstance(matched, str):
+        result.matched_stop_str = matched
+    if (lp := output_logprobs(outputs)) is not None:
+        result.output_logprobs.CopyFrom(lp)
+    if (ilp := input_logprobs(outputs)) is not None:
+        result.input_logprobs.CopyFrom(ilp)
+    return result

