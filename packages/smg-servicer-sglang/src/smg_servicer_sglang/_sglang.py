@@ -5,72 +5,57 @@ the servicer work on the names below and plain values.
 """
 
 # SGLang ships no type information; this boundary is checked loosely on purpose.
-# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false, reportMissingTypeStubs=false, reportAttributeAccessIssue=false, reportUnknownParameterType=false, reportMissingParameterType=false
+# pyright: reportMissingImports=false, reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false, reportMissingTypeStubs=false, reportAttributeAccessIssue=false, reportUnknownParameterType=false, reportMissingParameterType=false
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import signal
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
 
-import sglang
+import sglang as _sglang
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
-from sglang.srt.managers import io_struct
-from sglang.srt.managers.io_struct import (
-    AbortReq,
-    BatchEmbeddingOutput,
-    BatchTokenIDOutput,
-    FlushCacheReqInput,
-    FlushCacheReqOutput,
-    HealthCheckOutput,
-    ProfileReq,
-    ProfileReqOutput,
-    ProfileReqType,
-    TokenizedEmbeddingReqInput,
-    TokenizedGenerateReqInput,
-    async_sock_recv,
-    async_sock_send,
-)
-from sglang.srt.managers.load_snapshot import LoadSnapshot, create_load_snapshot_reader
+from sglang.srt.managers import io_struct as _io
+from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
 from sglang.srt.runtime_context import get_parallel, publish
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import PortArgs, ServerArgs, prepare_server_args
+from sglang.srt.sampling import sampling_params as _sampling
+from sglang.srt.server_args import PortArgs
+from sglang.srt.server_args import prepare_server_args as _prepare_server_args
 from sglang.srt.utils.common import configure_logger
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 
-SGLANG_VERSION: str = str(sglang.__version__)
+SGLANG_VERSION: str = str(_sglang.__version__)
 
-__all__ = [
-    "SGLANG_VERSION",
-    "AbortReq",
-    "BatchEmbeddingOutput",
-    "BatchTokenIDOutput",
-    "FlushCacheReqInput",
-    "FlushCacheReqOutput",
-    "HealthCheckOutput",
-    "LoadSnapshot",
-    "PortArgs",
-    "ProfileReq",
-    "ProfileReqOutput",
-    "ProfileReqType",
-    "SamplingParams",
-    "ServerArgs",
-    "TokenizedEmbeddingReqInput",
-    "TokenizedGenerateReqInput",
-    "async_sock_recv",
-    "async_sock_send",
-    "io_struct",
-    "prepare_server_args",
-]
+# The wire types and helpers the servicer uses, re-exported as ``Any``: SGLang ships no types,
+# and code outside this module must not depend on its internals beyond these names.
+AbortReq: Any = _io.AbortReq
+BatchEmbeddingOutput: Any = _io.BatchEmbeddingOutput
+BatchTokenIDOutput: Any = _io.BatchTokenIDOutput
+FlushCacheReqInput: Any = _io.FlushCacheReqInput
+FlushCacheReqOutput: Any = _io.FlushCacheReqOutput
+HealthCheckOutput: Any = _io.HealthCheckOutput
+ProfileReq: Any = _io.ProfileReq
+ProfileReqOutput: Any = _io.ProfileReqOutput
+ProfileReqType: Any = _io.ProfileReqType
+TokenizedEmbeddingReqInput: Any = _io.TokenizedEmbeddingReqInput
+TokenizedGenerateReqInput: Any = _io.TokenizedGenerateReqInput
+SamplingParams: Any = _sampling.SamplingParams
+async_sock_send: Any = _io.async_sock_send
+async_sock_recv: Any = _io.async_sock_recv
+
+
+def prepare_server_args(argv: list[str]) -> Any:
+    """SGLang's own ``sglang serve`` flag parsing."""
+    return _prepare_server_args(argv)
 
 
 class SchedulerStartError(RuntimeError):
@@ -89,7 +74,7 @@ class Launched:
 
     port_args: Any
     scheduler_info: dict[str, Any]
-    processes: list[mp.process.BaseProcess]
+    processes: list[BaseProcess]
     dp_size: int
     load_reader: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -125,7 +110,7 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
     until all report ready. Blocking: call it off the event loop. On failure nothing is left
     running and :class:`SchedulerStartError` says which rank failed."""
     result, procs = Engine._launch_scheduler_processes(server_args, port_args, _run_scheduler)
-    processes: list[mp.process.BaseProcess] = list(procs or [])
+    processes: list[BaseProcess] = list(procs or [])
     try:
         result.wait_for_ready()
     except BaseException as exc:
@@ -141,7 +126,7 @@ def dp_size() -> int:
     return int(get_parallel().num_dp_ranks or 1)
 
 
-def terminate(processes: list[mp.process.BaseProcess], join_s: float = 2.0) -> None:
+def terminate(processes: list[BaseProcess], join_s: float = 2.0) -> None:
     """SIGTERM each rank, wait ``join_s``, then SIGKILL what is left. Every rank is reaped."""
     for proc in processes:
         if proc.is_alive():

@@ -24,7 +24,7 @@ def parse_config(raw: object) -> dict[str, Any] | None:
         return dict(raw)  # pyright: ignore[reportUnknownArgumentType]
     try:
         value = json.loads(str(raw))
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"--kv-events-config is not valid JSON: {exc.msg}") from exc
     if not isinstance(value, dict):
         raise ConfigError("--kv-events-config must be a JSON object")

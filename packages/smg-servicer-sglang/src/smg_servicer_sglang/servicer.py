@@ -17,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,7 +265,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
     async def _probe(self) -> tuple[bool, str]:
         rid = f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}"
         started = time.time()
-        ids = convert.array("q", [0])
+        ids = array("q", [0])
         one_token = convert.internal_params(self.tokenizer, max_new_tokens=1, temperature=0.0)
         if self.limits.is_generation:
             req: Any = sg.TokenizedGenerateReqInput(

@@ -1,0 +1,56 @@
+"""How to start SGLang on a CPU for tests and benchmarks (imports no SGLang).
+
+The SGLang test environment lives in ``.venv-sglang`` at the repository root, built by
+``tools/envs/sglang-cpu/install.sh``; :func:`sglang_python` finds it (``SMG_SGLANG_PYTHON``
+overrides) and fails loudly with the install hint when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: SGLang's CPU code paths (``is_cpu()``); without it RotaryEmbedding imports vLLM's CUDA ops.
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+
+#: Engine flags for the float32 tiny model on a CPU without AMX (torch-native attention and
+#: sampling; no CUDA graphs; a 1,024-token context).
+CPU_FLAGS = (
+    "--device", "cpu",
+    "--dtype", "float32",
+    "--attention-backend", "torch_native",
+    "--sampling-backend", "pytorch",
+    "--context-length", "1024",
+    "--max-total-tokens", "65536",
+    "--disable-cuda-graph",
+    "--log-level", "warning",
+)  # fmt: skip
+
+INSTALL_HINT = "bash tools/envs/sglang-cpu/install.sh"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[4]
+
+
+def sglang_python() -> Path:
+    """The SGLang test environment's interpreter; RuntimeError with the fix when missing."""
+    override = os.environ.get("SMG_SGLANG_PYTHON")
+    path = Path(override) if override else repo_root() / ".venv-sglang" / "bin" / "python"
+    if not path.exists():
+        raise RuntimeError(f"the SGLang test environment is missing ({path}): run {INSTALL_HINT}")
+    return path
+
+
+def serve_command(model: Path, port: int, *extra: str, python: Path | None = None) -> list[str]:
+    """``sglang serve --smg-grpc-mode`` (SGLang's own launcher, our servicer behind it)."""
+    exe = (python or sglang_python()).parent / "sglang"
+    return [
+        str(exe), "serve",
+        "--model-path", str(model),
+        *CPU_FLAGS,
+        "--smg-grpc-mode",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *extra,
+    ]  # fmt: skip

@@ -1,0 +1,58 @@
+"""What ``sglang.Engine`` (in-process, no servicer) produces for the cases the engine tests
+replay through the servicer. Run by the ``reference`` fixture: ``python reference_run.py MODEL
+OUT.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+CASES = {
+    "short": [1, 5, 9, 200, 31],
+    "long": [(7 * k + 3) % 4000 + 10 for k in range(60)],
+    "other": [42, 17, 99, 1024, 2048, 3000, 5, 6],
+}
+MAX_TOKENS = 12
+TOP = 3
+
+
+def main() -> None:
+    import sglang
+
+    model, out = sys.argv[1], sys.argv[2]
+    engine = sglang.Engine(
+        model_path=model,
+        device="cpu",
+        dtype="float32",
+        context_length=1024,
+        attention_backend="torch_native",
+        sampling_backend="pytorch",
+        max_total_tokens=65536,
+        disable_cuda_graph=True,
+        skip_server_warmup=True,
+        log_level="error",
+    )
+    try:
+        result = {}
+        for name, ids in CASES.items():
+            got = engine.generate(
+                input_ids=ids,
+                sampling_params={"temperature": 0, "max_new_tokens": MAX_TOKENS},
+                return_logprob=True,
+                top_logprobs_num=TOP,
+            )
+            meta = got["meta_info"]
+            result[name] = {
+                "ids": got["output_ids"],
+                "logprobs": [lp for lp, _, _ in meta["output_token_logprobs"]],
+                "top": [[[lp, tid] for lp, tid, _ in row] for row in meta["output_top_logprobs"]],
+                "finish": meta["finish_reason"]["type"],
+            }
+        with open(out, "w") as fh:
+            json.dump(result, fh)
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
