@@ -152,9 +152,12 @@ class _Pending:
 class RequestManager:
     """Owns the scheduler sockets and the in-flight request states of one servicer process."""
 
-    def __init__(self, port_args: Any, dp_size: int = 1) -> None:
+    def __init__(
+        self, port_args: Any, dp_size: int = 1, stall_after_s: float = STALL_AFTER_S
+    ) -> None:
         self.port_args = port_args
         self.dp_size = max(dp_size, 1)
+        self.stall_after_s = stall_after_s
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -210,7 +213,7 @@ class RequestManager:
 
     @property
     def stalled(self) -> bool:
-        return self.stalled_for() > STALL_AFTER_S
+        return self.stalled_for() > self.stall_after_s
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -1,0 +1,215 @@
+"""The servicer against a scripted scheduler (SGLang's own IPC frames): the faults the real
+scheduler cannot be made to show on demand. The engine tests cover the same RPCs for real."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+from fake_scheduler import FakeScheduler, port_args, token_output
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_servicer_core.testing import RunningServer, running_server
+from smg_servicer_sglang import _sglang as sg
+from smg_servicer_sglang import server as server_mod
+from smg_servicer_sglang.request_manager import RequestManager
+from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
+
+pytestmark = [pytest.mark.contract, pytest.mark.asyncio(loop_scope="function")]
+
+FACTS = {
+    "vocab_size": 100,
+    "context_length": 64,
+    "is_generation": True,
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "eos_token_ids": [2],
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "supports_vision": False,
+    "num_labels": 0,
+    "id2label": {},
+}
+
+
+@dataclass
+class Stack:
+    srv: RunningServer
+    stub: pb_grpc.SglangSchedulerStub
+    health: health_pb2_grpc.HealthStub
+    scheduler: FakeScheduler
+    manager: RequestManager
+    servicer: SglangServicer
+
+
+class _Config:
+    model_path = "/nonexistent"
+    tokenizer_path = ""
+    preferred_sampling_params = None
+    served_model_name = "fake"
+    weight_version = "default"
+    kv_events_config = None
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    args = port_args()
+    manager = RequestManager(args, stall_after_s=1.0)
+    scheduler = FakeScheduler(args)
+    scheduler.start()
+    manager.start()
+    health = HealthFrame(SERVICE_NAME)
+    servicer = SglangServicer(
+        manager,
+        server_args=None,
+        config=_Config(),
+        scheduler_info={"max_total_num_tokens": 1000},
+        facts=FACTS,
+        health=health,
+        health_timeout_s=1.5,
+    )
+    launched = sg.Launched(port_args=args, scheduler_info={}, processes=[], dp_size=1)
+    lifecycle = server_mod.Schedulers(launched, manager, servicer, health, warmup=True)
+    async with running_server(
+        [servicer.binding()], health, lifecycle, in_flight=lambda: len(servicer.registry)
+    ) as srv:
+        built = Stack(
+            srv,
+            pb_grpc.SglangSchedulerStub(srv.channel),
+            health_pb2_grpc.HealthStub(srv.channel),
+            scheduler,
+            manager,
+            servicer,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await engine_status(built) != health_pb2.HealthCheckResponse.SERVING:
+            assert loop.time() < deadline, "the warm-up never finished"
+            await asyncio.sleep(0.05)
+        yield built
+    await scheduler.close()
+
+
+def gen(rid: str, stream: bool = True) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id=rid,
+        tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+        sampling_params=pb.SamplingParams(max_new_tokens=3),
+        stream=stream,
+    )
+
+
+async def engine_status(stack: Stack) -> int:
+    reply = await stack.health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    return reply.status
+
+
+async def test_warm_up_gates_serving_then_streams(stack: Stack) -> None:
+    """The lifecycle warm-up went through the fake scheduler before SERVING."""
+    assert any(getattr(o, "rid", "").startswith("WARMUP") for o in stack.scheduler.received)
+    assert await engine_status(stack) == health_pb2.HealthCheckResponse.SERVING
+    responses = [r async for r in stack.stub.Generate(gen("a"))]
+    assert [list(r.chunk.token_ids) for r in responses[:-1]] == [[11], [12], [13]]
+    assert responses[-1].complete.finish_reason == "length"
+    assert responses[-1].complete.completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, grpc.StatusCode.INVALID_ARGUMENT),
+        (503, grpc.StatusCode.UNAVAILABLE),
+        (500, grpc.StatusCode.INTERNAL),
+    ],
+)
+async def test_scheduler_refusal_maps_status(stack: Stack, status: int, code: Any) -> None:
+    stack.scheduler.mode = "refuse"
+    stack.scheduler.refuse_status = status
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stack.stub.Generate(gen("refused"))]
+    assert err.value.code() == code
+    assert "refused" in (err.value.details() or "") or code == grpc.StatusCode.INTERNAL
+    assert len(stack.servicer.registry) == 0
+
+
+async def test_silent_scheduler_turns_not_serving_and_back(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    call = stack.stub.Generate(gen("stuck"))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while await engine_status(stack) == health_pb2.HealthCheckResponse.SERVING:
+        assert loop.time() < deadline, "never turned NOT_SERVING"
+        await asyncio.sleep(0.2)
+    liveness = await stack.health.Check(health_pb2.HealthCheckRequest(service=""))
+    assert liveness.status == health_pb2.HealthCheckResponse.SERVING  # alive, just stuck
+    deep = await stack.stub.HealthCheck(pb.HealthCheckRequest())
+    assert not deep.healthy
+    assert "silent" in deep.message
+    # The scheduler answers again: SERVING again, and the request completes.
+    await stack.scheduler.send(token_output("stuck", [7], 1, {"type": "length", "length": 1}))
+    responses = [r async for r in call]
+    assert responses[-1].complete.finish_reason == "length"
+    deadline = loop.time() + 10
+    while await engine_status(stack) != health_pb2.HealthCheckResponse.SERVING:
+        assert loop.time() < deadline, "never came back to SERVING"
+        await asyncio.sleep(0.2)
+
+
+async def test_deep_health_probe_times_out_on_silence(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    reply = await stack.stub.HealthCheck(pb.HealthCheckRequest())
+    assert not reply.healthy
+    assert "did not answer" in reply.message
+    assert stack.manager.active == 0  # the probe cleaned up after itself
+    # ...and told the scheduler to drop the probe.
+    for _ in range(40):
+        if isinstance(stack.scheduler.received[-1], sg.AbortReq):
+            break
+        await asyncio.sleep(0.05)
+    assert isinstance(stack.scheduler.received[-1], sg.AbortReq)
+    assert stack.scheduler.received[-1].rid.startswith("HEALTH_CHECK_")
+
+
+async def test_unreadable_frame_fails_requests_and_health(stack: Stack) -> None:
+    stack.scheduler.mode = "garbage"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stack.stub.Generate(gen("g"))]
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "\\xc1" not in (err.value.details() or "")  # no raw exception text
+    reply = await stack.stub.HealthCheck(pb.HealthCheckRequest())
+    assert not reply.healthy
+    await asyncio.wait_for(stack.srv.task, 10)  # the lifecycle reports the engine dead
+    assert stack.srv.task.result() == 1
+
+
+async def test_shutdown_fails_pending_requests_unavailable(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    call = stack.stub.Generate(gen("pending"))
+    await asyncio.sleep(0.3)
+    stop = asyncio.create_task(stack.srv.stop())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in call]
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert await stop == 0
+
+
+async def test_duplicate_request_id_is_already_exists(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    first = stack.stub.Generate(gen("dup"))
+    await asyncio.sleep(0.2)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stack.stub.Generate(gen("dup"))]
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    reply = await stack.stub.Abort(pb.AbortRequest(request_id="dup"))
+    assert reply.success
+    responses = [r async for r in first]
+    assert responses[-1].complete.finish_reason == "abort"
