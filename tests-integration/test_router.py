@@ -1,6 +1,7 @@
 """The real smg router in front of each engine's servicer, launched the way users launch it:
 MLX through ``python -m smg_grpc_servicer.mlx``, vLLM through its own gRPC launcher (which
-imports ``smg_grpc_servicer.vllm``)."""
+imports ``smg_grpc_servicer.vllm``), SGLang through ``sglang serve --smg-grpc-mode`` (which calls
+``smg_grpc_servicer.sglang.server.serve_grpc``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from smg_servicer_core.proto import (
     mlx_engine_pb2,
     mlx_engine_pb2_grpc,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
     vllm_engine_pb2,
     vllm_engine_pb2_grpc,
 )
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.integration
 WIRES = {
     "mlx": (mlx_engine_pb2_grpc.MlxEngineStub, mlx_engine_pb2),
     "vllm": (vllm_engine_pb2_grpc.VllmEngineStub, vllm_engine_pb2),
+    "sglang": (sglang_scheduler_pb2_grpc.SglangSchedulerStub, sglang_scheduler_pb2),
 }
 ENGINES = sorted(WIRES)
 

@@ -23,10 +23,20 @@ from typing import IO, Self
 import httpx
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(below: int = 65536) -> int:
+    """A free loopback port (``below`` a ceiling: SGLang refuses ports above 55535)."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            if below >= 65536:
+                sock.bind(("127.0.0.1", 0))
+                return int(sock.getsockname()[1])
+            port = 20000 + int.from_bytes(os.urandom(2)) % (below - 20000)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
@@ -210,3 +220,12 @@ def vllm_worker(model: Path, port: int, *extra: str) -> Worker:
         port,
         start_timeout_s=240,
     )
+
+
+def sglang_worker(model: Path, port: int, *extra: str) -> Worker:
+    """SGLang's own launcher, ``sglang serve --smg-grpc-mode``, which calls our servicer through
+    ``smg_grpc_servicer.sglang.server.serve_grpc``; from the SGLang test environment
+    (``.venv-sglang``; a missing one fails here with the command that builds it)."""
+    from smg_servicer_sglang.testing import CPU_ENV, serve_command
+
+    return Worker(serve_command(model, port, *extra), port, start_timeout_s=240, env=CPU_ENV)

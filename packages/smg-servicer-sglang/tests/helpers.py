@@ -11,6 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -73,7 +74,7 @@ def wait_serving(server: Server, timeout_s: float = 240.0) -> None:
     """Until grpc.health.v1 says SERVING for the engine service (bounded)."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(server.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        stub: Any = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 raise RuntimeError(f"server exited {server.proc.returncode}:\n{server.tail()}")

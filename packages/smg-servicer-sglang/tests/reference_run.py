@@ -17,7 +17,7 @@ TOP = 3
 
 
 def main() -> None:
-    import sglang
+    import sglang  # pyright: ignore[reportMissingImports] - runs in the SGLang environment
 
     model, out = sys.argv[1], sys.argv[2]
     engine = sglang.Engine(

@@ -45,7 +45,7 @@ FACTS = {
 class Stack:
     srv: RunningServer
     stub: pb_grpc.SglangSchedulerStub
-    health: health_pb2_grpc.HealthStub
+    health: Any  # grpc_health's stub has no typed methods
     scheduler: FakeScheduler
     manager: RequestManager
     servicer: SglangServicer

@@ -261,7 +261,7 @@ async def test_health_and_info(stub: Any, sglang_server: Server) -> None:
     health = await stub.HealthCheck(pb.HealthCheckRequest())
     assert health.healthy
     async with grpc.aio.insecure_channel(sglang_server.address) as channel:
-        frame = health_pb2_grpc.HealthStub(channel)
+        frame: Any = health_pb2_grpc.HealthStub(channel)
         for service in ("", SERVICE):
             status = await frame.Check(health_pb2.HealthCheckRequest(service=service))
             assert status.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,128 @@
+"""Proto -> SGLang request conversion: proto3 unset rules, validation, n > 1, finish mapping."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_sglang import convert
+from smg_servicer_sglang.convert import ModelLimits
+
+pytestmark = pytest.mark.unit
+LIMITS = ModelLimits(vocab_size=100, context_length=64)
+
+
+def gen(ids: list[int] | None = None, **kwargs: object) -> pb.GenerateRequest:
+    sampling = kwargs.pop("sampling", {})
+    return pb.GenerateRequest(
+        request_id="r",
+        tokenized=pb.TokenizedInput(input_ids=[1, 2, 3] if ids is None else ids),
+        sampling_params=pb.SamplingParams(**sampling),  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def one(request: pb.GenerateRequest) -> object:
+    reqs, prefix = convert.generate_reqs(request, LIMITS, None)
+    assert prefix is None
+    return reqs[0]
+
+
+def test_unset_fields_get_neutral_values() -> None:
+    req = one(gen(sampling={"temperature": 0.7}))
+    params = req.sampling_params  # type: ignore[attr-defined]
+    assert params.top_p == 1.0
+    assert params.top_k >= 1 << 30  # every token
+    assert params.repetition_penalty == 1.0
+    assert params.max_new_tokens == 64 - 3  # what the context leaves
+    assert params.temperature == pytest.approx(0.7)
+    assert req.logprob_start_len == -1  # type: ignore[attr-defined]
+    assert list(req.input_ids) == [1, 2, 3]  # type: ignore[attr-defined]
+
+
+def test_zero_temperature_is_greedy() -> None:
+    params = one(gen()).sampling_params  # type: ignore[attr-defined]
+    assert params.top_k == 1
+
+
+def test_constraint_and_stops_map() -> None:
+    req = one(gen(sampling={"regex": "[ab]+", "stop_token_ids": [5, 7], "max_new_tokens": 4}))
+    params = req.sampling_params  # type: ignore[attr-defined]
+    assert params.regex == "[ab]+"
+    assert params.json_schema is None
+    assert params.stop_token_ids == {5, 7}
+    assert params.max_new_tokens == 4
+
+
+def test_logprob_start_len_zero_means_unset() -> None:
+    assert one(gen(return_logprob=True)).logprob_start_len == -1  # type: ignore[attr-defined]
+    positioned = one(gen(return_logprob=True, logprob_start_len=1))
+    assert positioned.logprob_start_len == 1  # type: ignore[attr-defined]
+    assert one(gen(logprob_start_len=1)).logprob_start_len == -1  # type: ignore[attr-defined]
+
+
+def test_n_builds_prefix_and_samples() -> None:
+    reqs, prefix = convert.generate_reqs(gen(sampling={"n": 3}), LIMITS, None)
+    assert [r.rid for r in reqs] == ["r-0", "r-1", "r-2"]
+    assert prefix is not None
+    assert prefix.rid == "r-prefix"
+    assert prefix.sampling_params.max_new_tokens == 0
+    assert all(r.sampling_params.n == 1 for r in reqs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        gen([]),
+        gen([1, 100]),
+        gen([1] * 64),
+        gen(sampling={"max_new_tokens": 62}),
+        gen(sampling={"temperature": -1.0}),
+        gen(sampling={"top_p": 1.2}),
+        gen(sampling={"min_p": 2.0}),
+        gen(sampling={"stop_token_ids": [100]}),
+        gen(sampling={"stop_token_ids": list(range(33))}),
+        gen(token_ids_logprob=[100]),
+        gen(return_hidden_states=True),
+        gen(input_embeds=[0.5]),
+        gen(top_logprobs_num=-1),
+        gen(return_logprob=True, logprob_start_len=3),
+    ],
+)
+def test_invalid_requests(bad: pb.GenerateRequest) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.generate_reqs(bad, LIMITS, None)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(err.value)
+
+
+def test_embedding_model_refuses_generate() -> None:
+    limits = ModelLimits(vocab_size=100, context_length=64, is_generation=False)
+    with pytest.raises(InvalidRequest):
+        convert.generate_reqs(gen(), limits, None)
+
+
+def test_finish_mapping() -> None:
+    assert convert.finish_reason({"type": "length", "length": 3}) == "length"
+    assert convert.finish_reason({"type": "stop", "matched": 2}) == "stop"
+    assert convert.finish_reason({"type": "abort"}) == "abort"
+    assert convert.failure({"type": "abort"}) is None  # a plain abort is not an error
+    refused = convert.failure({"type": "abort", "status_code": 400, "message": "too long"})
+    assert refused is not None
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(refused) == "too long"
+    busy = convert.failure({"type": "abort", "status_code": 503, "message": "busy"})
+    assert busy is not None
+    assert busy.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_matched_stop_string_and_id() -> None:
+    from smg_servicer_sglang.request_manager import Output
+
+    by_id = convert.complete([5], [], Output([5], {"type": "stop", "matched": 5}), 0)
+    assert by_id.matched_token_id == 5
+    by_str = convert.complete([5], [], Output([5], {"type": "stop", "matched": "END"}), 1)
+    assert by_str.matched_stop_str == "END"
+    assert by_str.index == 1
