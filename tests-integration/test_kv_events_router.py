@@ -1,5 +1,5 @@
-"""The real router with ``--policy cache_aware`` subscribes to a vLLM worker's KV events (our
-bridge) and keeps the stream while it routes requests."""
+"""The real router with ``--policy cache_aware`` subscribes to a worker's KV events (our bridge,
+on vLLM and on SGLang) and keeps the stream while it routes requests."""
 
 from __future__ import annotations
 
@@ -10,19 +10,32 @@ from pathlib import Path
 import httpx
 import pytest
 
-from smg_it.harness import Router, free_port, vllm_worker
+from smg_it.harness import Router, Worker, free_port, sglang_worker, vllm_worker
 
 pytestmark = pytest.mark.integration
 
 
-def test_cache_aware_router_keeps_the_kv_event_stream(tiny_model: Path) -> None:
+def _worker(engine: str, model: Path) -> Worker:
     config = {
-        "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": f"tcp://*:{free_port()}",
         "replay_endpoint": f"tcp://*:{free_port()}",
     }
-    worker = vllm_worker(tiny_model, free_port(), "--kv-events-config", json.dumps(config))
+    if engine == "vllm":
+        config["enable_kv_cache_events"] = True
+        return vllm_worker(model, free_port(), "--kv-events-config", json.dumps(config))
+    # SGLang's launcher logs at warning in the test flags; the subscription lines are info.
+    return sglang_worker(
+        model,
+        free_port(below=55536),
+        "--kv-events-config", json.dumps(config),
+        "--log-level", "info",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_cache_aware_router_keeps_the_kv_event_stream(tiny_model: Path, engine: str) -> None:
+    worker = _worker(engine, tiny_model)
     with worker, Router(worker.url, policy="cache_aware") as router:
         model = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
         story = "Once upon a time the router sent every request to the best worker. " * 30

@@ -14,12 +14,28 @@ CASES = {
 }
 MAX_TOKENS = 12
 TOP = 3
+EMBED_CASES = {"a": [1, 5, 9, 200, 31], "b": [42, 17, 99, 1024]}
+
+
+def embeddings(engine: object) -> dict[str, list[float]]:
+    from sglang.srt.managers.io_struct import (  # pyright: ignore[reportMissingImports]
+        EmbeddingReqInput,
+    )
+
+    result = {}
+    for name, ids in EMBED_CASES.items():
+        manager = engine.tokenizer_manager  # type: ignore[attr-defined]
+        generator = manager.generate_request(EmbeddingReqInput(input_ids=ids), None)
+        got = engine.loop.run_until_complete(generator.__anext__())  # type: ignore[attr-defined]
+        result[name] = got["embedding"]
+    return result
 
 
 def main() -> None:
     import sglang  # pyright: ignore[reportMissingImports] - runs in the SGLang environment
 
     model, out = sys.argv[1], sys.argv[2]
+    embed = "--embed" in sys.argv
     engine = sglang.Engine(
         model_path=model,
         device="cpu",
@@ -31,8 +47,13 @@ def main() -> None:
         disable_cuda_graph=True,
         skip_server_warmup=True,
         log_level="error",
+        is_embedding=embed,
     )
     try:
+        if embed:
+            with open(out, "w") as fh:
+                json.dump(embeddings(engine), fh)
+            return
         result = {}
         for name, ids in CASES.items():
             got = engine.generate(

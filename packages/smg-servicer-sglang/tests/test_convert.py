@@ -126,3 +126,24 @@ def test_matched_stop_string_and_id() -> None:
     by_str = convert.complete([5], [], Output([5], {"type": "stop", "matched": "END"}), 1)
     assert by_str.matched_stop_str == "END"
     assert by_str.index == 1
+
+
+def test_disaggregation_and_routing_fields() -> None:
+    request = gen(
+        disaggregated_params=pb.DisaggregatedParams(
+            bootstrap_host="10.0.0.1", bootstrap_port=8998, bootstrap_room=0
+        ),
+        data_parallel_rank=2,
+        lora_id="adapter-1",
+        require_reasoning=True,
+    )
+    req = one(request)
+    assert req.bootstrap_host == "10.0.0.1"  # type: ignore[attr-defined]
+    assert req.bootstrap_port == 8998  # type: ignore[attr-defined]
+    assert req.bootstrap_room == 0  # type: ignore[attr-defined] - room 0 is a real room
+    assert req.routed_dp_rank == 2  # type: ignore[attr-defined]
+    assert req.lora_id == "adapter-1"  # type: ignore[attr-defined]
+    assert req.require_reasoning is True  # type: ignore[attr-defined]
+    plain = one(gen())
+    assert plain.bootstrap_room is None  # type: ignore[attr-defined]
+    assert plain.routed_dp_rank is None  # type: ignore[attr-defined]

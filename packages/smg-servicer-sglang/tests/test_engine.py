@@ -322,3 +322,23 @@ async def test_get_tokenizer_bundle(stub: Any) -> None:
     chunks = [c async for c in stub.GetTokenizer(common_pb2.GetTokenizerRequest())]
     assert chunks
     assert chunks[-1].sha256
+
+
+async def test_token_ids_logprob_rows(stub: Any) -> None:
+    req = request(CASES["short"], return_logprob=True, token_ids_logprob=[5, 9])
+    (complete,) = completes(await collect(stub, req))
+    rows = complete.output_logprobs.token_ids_logprobs
+    assert len(rows) == MAX_TOKENS
+    assert all(list(row.token_ids) == [5, 9] for row in rows)
+    assert all(all(v <= 0.0 for v in row.values) for row in rows)
+
+
+async def test_profile_start_and_stop(stub: Any, tmp_path: Any) -> None:
+    started = await stub.StartProfile(
+        common_pb2.StartProfileRequest(output_dir=str(tmp_path), activities=["CPU"])
+    )
+    assert started.success, started.message
+    await collect(stub, request(CASES["short"]))
+    stopped = await stub.StopProfile(common_pb2.StopProfileRequest())
+    assert stopped.success, stopped.message
+    assert any(tmp_path.iterdir()), "the profiler wrote a trace"

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-import sglang as _sglang
+try:
+    import sglang as _sglang
+except ImportError as err:  # pragma: no cover - exercised by the facade's test
+    raise ImportError(
+        "smg_servicer_sglang needs SGLang: pip install 'smg-servicer-sglang[sglang]'",
+        name="sglang",
+    ) from err
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config

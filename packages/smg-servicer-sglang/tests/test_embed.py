@@ -1,0 +1,88 @@
+"""Embed on the real scheduler: SGLang serving the tiny Llama as an embedding model
+(``--is-embedding``, last-token pooling); the vectors equal ``sglang.Engine``'s."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+from helpers import Server, start_server, stop_server, wait_serving
+from reference_run import EMBED_CASES
+
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_servicer_sglang.testing import CPU_ENV
+
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def embed_reference(tiny_model: Path) -> dict[str, list[float]]:
+    out = Path(tempfile.mkstemp(prefix="smg-sglang-embed-", suffix=".json")[1])
+    subprocess.run(
+        [sys.executable, str(HERE / "reference_run.py"), str(tiny_model), str(out), "--embed"],
+        check=True,
+        env={**os.environ, **CPU_ENV},
+        timeout=300,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def embed_server(tiny_model: Path) -> Iterator[Server]:
+    server = start_server(tiny_model, "--is-embedding")
+    try:
+        wait_serving(server)  # the warm-up is an Embed for an embedding model
+        yield server
+    finally:
+        assert stop_server(server) == 0, server.tail()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stub(embed_server: Server) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(embed_server.address) as channel:
+        yield pb_grpc.SglangSchedulerStub(channel)
+
+
+@pytest.mark.parametrize("name", sorted(EMBED_CASES))
+async def test_embedding_equals_engine(stub: Any, embed_reference: Any, name: str) -> None:
+    ids = EMBED_CASES[name]
+    reply = await stub.Embed(
+        pb.EmbedRequest(request_id=f"e-{name}", tokenized=pb.TokenizedInput(input_ids=ids))
+    )
+    assert reply.prompt_tokens == len(ids)
+    assert reply.embedding_dim == len(reply.embedding) == len(embed_reference[name])
+    assert list(reply.embedding) == pytest.approx(embed_reference[name], abs=1e-5)
+
+
+async def test_embedding_model_refuses_generate_and_bad_input(stub: Any) -> None:
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert not info.is_generation
+    generate = pb.GenerateRequest(
+        request_id="g", tokenized=pb.TokenizedInput(input_ids=[1, 2]),
+        sampling_params=pb.SamplingParams(max_new_tokens=2),
+    )  # fmt: skip
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stub.Generate(generate)]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for bad in ([], [1, 4096]):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Embed(
+                pb.EmbedRequest(request_id="bad", tokenized=pb.TokenizedInput(input_ids=bad))
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    health = await stub.HealthCheck(pb.HealthCheckRequest())
+    assert health.healthy, health.message

@@ -1,0 +1,128 @@
+"""Real SGLang (CPU) publishing real KV events, relayed by SubscribeKvEvents through the bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+from helpers import Server, free_port, start_server, stop_server, wait_serving
+
+from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
+
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture(scope="module")
+def kv_server(tiny_model: Path) -> Iterator[Server]:
+    """A small KV pool (2,048 tokens) so that new prompts evict old blocks: BlockRemoved."""
+    config = {
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+    }
+    server = start_server(
+        tiny_model,
+        "--kv-events-config", json.dumps(config),
+        "--max-total-tokens", "2048",
+        env={"SMG_SGLANG_SERVICER_WARMUP": "off"},
+    )  # fmt: skip
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        assert stop_server(server) == 0, server.tail()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stub(kv_server: Server) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(kv_server.address) as channel:
+        yield pb_grpc.SglangSchedulerStub(channel)
+
+
+def prompt(seed: int, length: int = 300) -> list[int]:
+    return [(seed * 53 + i * 7) % 4000 + 4 for i in range(length)]
+
+
+async def generate(stub: Any, ids: list[int]) -> None:
+    req = pb.GenerateRequest(
+        request_id=f"kv-{ids[0]}-{len(ids)}-{id(ids)}",
+        tokenized=pb.TokenizedInput(input_ids=ids),
+        sampling_params=pb.SamplingParams(max_new_tokens=2, ignore_eos=True),
+    )
+    async for _ in stub.Generate(req):
+        pass
+
+
+async def test_block_stored_and_removed_flow_through_the_servicer(stub: Any) -> None:
+    subscription = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+    batches: list[common_pb2.KvEventBatch] = []
+
+    async def collect() -> None:
+        while (batch := await subscription.read()) is not grpc.aio.EOF:
+            batches.append(batch)
+
+    reader = asyncio.create_task(collect())
+    kinds: set[str] = set()
+    sent: list[list[int]] = []
+    for attempt in range(40):  # the SUB needs a moment to join; keep sending distinct prompts
+        ids = prompt(attempt)
+        sent.append(ids)
+        await generate(stub, ids)
+        await asyncio.sleep(0.05)
+        kinds = {e.WhichOneof("data") for b in batches for e in b.events}
+        if {"stored", "removed"} <= kinds and attempt >= 10:
+            break
+    subscription.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    assert {"stored", "removed"} <= kinds, kinds
+    seqs = [b.sequence_number for b in batches if not b.load.load_only]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no duplicate, no hole"
+    stored = [e.stored for b in batches for e in b.events if e.HasField("stored")]
+    tokens = {t for ids in sent for t in ids}
+    assert all(t in tokens or t < 4096 for s in stored for b in s.blocks for t in b.token_ids)
+    assert any(
+        list(b.token_ids) == ids[: len(b.token_ids)]
+        for s in stored
+        if not s.HasField("parent_block_hash")
+        for b in s.blocks[:1]
+        for ids in sent
+    ), "a root block holds the start of a prompt we sent"
+    assert all(b.HasField("load") for b in batches), "every batch carries the engine load"
+
+
+async def test_resume_from_a_cursor_replays_history(stub: Any) -> None:
+    first = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+    seen: list[int] = []
+    for attempt in range(30):
+        await generate(stub, prompt(1000 + attempt, 40))
+        try:
+            batch = await asyncio.wait_for(first.read(), 0.5)
+        except TimeoutError:
+            continue
+        if not batch.load.load_only:
+            seen.append(batch.sequence_number)
+        if len(seen) >= 2:
+            break
+    first.cancel()
+    assert len(seen) >= 2
+    cursor = seen[0]
+    await generate(stub, prompt(2000, 40))
+    second = stub.SubscribeKvEvents(
+        common_pb2.SubscribeKvEventsRequest(start_sequence_number=cursor)
+    )
+    resumed = []
+    while len(resumed) < 3:
+        batch = await asyncio.wait_for(second.read(), 10)
+        if not batch.load.load_only:
+            resumed.append(batch.sequence_number)
+    second.cancel()
+    assert resumed == [cursor + 1, cursor + 2, cursor + 3], "replay from the cursor, in order"
