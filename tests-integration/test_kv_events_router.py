@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def _worker(engine: str, model: Path) -> Worker:
-    config = {
+    config: dict[str, object] = {
         "publisher": "zmq",
         "endpoint": f"tcp://*:{free_port()}",
         "replay_endpoint": f"tcp://*:{free_port()}",
