@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SGLang servicer (sglang serve --smg-grpc-mode, our servicer behind SGLang's launcher) vs
 # sglang.Engine.async_generate in-process, same workload: 128 tokens, concurrency 1 and 16,
-# greedy, ignore_eos. The client for the servicer is smg_bench (gRPC, separate process).
+# greedy, ignore_eos, three runs each. The client for the servicer is smg_bench (gRPC, separate
+# process); the in-process client shares SGLang's tokenizer-manager process.
 # Usage: bash tools/bench/compare_sglang.sh [MODEL_DIR]   (builds .venv-sglang when missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,9 @@ sleep 2  # warm-up request inside the server
 $RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire sglang --concurrency 4 \
   --requests 8 --max-tokens 16 >/dev/null   # warm-up
 for c in 1 16; do
-  n=$(( c * 4 > 16 ? c * 4 : 16 ))
-  $RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire sglang --server-pid "$SERVER" \
-    --concurrency $c --requests $n --max-tokens 128 --label sglang-servicer
+  n=$(( c * 8 > 16 ? c * 8 : 16 ))
+  for _ in 1 2 3; do   # three runs each, as the in-process side
+    $RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire sglang \
+      --server-pid "$SERVER" --concurrency $c --requests $n --max-tokens 128 --label sglang-servicer
+  done
 done

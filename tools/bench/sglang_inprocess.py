@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per concurrency")
     args = parser.parse_args()
     engine = sglang.Engine(
         model_path=args.model,
@@ -87,9 +88,12 @@ def main() -> None:
     try:
         loop.run_until_complete(run(engine, 4, 8, 16, args.prompt_len))  # warm-up
         for c in args.concurrency:
-            n = max(c * 4, 16)
-            result = loop.run_until_complete(run(engine, c, n, args.max_tokens, args.prompt_len))
-            print(json.dumps(result), flush=True)
+            n = max(c * 8, 16)
+            for _ in range(args.repeat):
+                result = loop.run_until_complete(
+                    run(engine, c, n, args.max_tokens, args.prompt_len)
+                )
+                print(json.dumps(result), flush=True)
     finally:
         engine.shutdown()
 
