@@ -216,3 +216,15 @@ async def test_duplicate_request_id_is_already_exists(stack: Stack) -> None:
     assert reply.success
     responses = [r async for r in first]
     assert responses[-1].complete.finish_reason == "abort"
+
+
+async def test_idle_time_before_a_request_is_not_a_stall(stack: Stack) -> None:
+    """Silence while nothing was pending must not count once a request arrives."""
+    stack.manager.last_receive -= 120  # two minutes idle
+    stack.scheduler.mode = "silent"
+    call = stack.stub.Generate(gen("fresh"))
+    await asyncio.sleep(0.3)
+    assert stack.manager.active == 1
+    assert not stack.manager.stalled
+    assert stack.manager.stalled_for() < 1.0
+    call.cancel()

@@ -175,6 +175,8 @@ class RequestManager:
         self._loop_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self.last_receive = time.time()
+        #: When the current run of pending requests began (silence before it is not a stall).
+        self._pending_since = self.last_receive
         self.failed: str | None = None
         self.closed = False
 
@@ -209,7 +211,7 @@ class RequestManager:
         """Seconds the scheduler has been silent while requests wait (0 when none wait)."""
         if not self._states:
             return 0.0
-        return max(time.time() - self.last_receive, 0.0)
+        return max(time.time() - max(self.last_receive, self._pending_since), 0.0)
 
     @property
     def stalled(self) -> bool:
@@ -227,6 +229,8 @@ class RequestManager:
         """Create the states for ``rids`` (woken through one shared event)."""
         wake = asyncio.Event()
         rid_list = list(rids)
+        if not self._states:
+            self._pending_since = time.time()
         for rid in rid_list:
             self._states[rid] = _State(rid, wake)
         if group is not None:
