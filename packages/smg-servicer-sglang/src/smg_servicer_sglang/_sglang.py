@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import psutil
+
 try:
     import sglang as _sglang
 except ImportError as err:  # pragma: no cover - exercised by the facade's test
@@ -83,7 +85,22 @@ class Launched:
     processes: list[BaseProcess]
     dp_size: int
     load_reader: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Every scheduler-side process, the DP controller's ranks (grandchildren) included.
+    pids: list[int] = field(default_factory=list)
+
+    def dead(self) -> str | None:
+        """Why a scheduler-side process is gone, or None while all run."""
+        for proc in self.processes:
+            if not proc.is_alive():
+                return f"scheduler process {proc.pid} exited with code {proc.exitcode}"
+        for pid in self.pids:
+            try:
+                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                return f"scheduler process {pid} exited"
+        return None
 
 
 def prepare(server_args: Any) -> tuple[Any, Any]:
@@ -124,7 +141,8 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
         raise SchedulerStartError(str(exc) or type(exc).__name__) from exc
     info = dict(result.scheduler_infos[0])
     reader = create_load_snapshot_reader(port_args, caller="TokenizerManager")
-    return Launched(port_args, info, processes, dp_size(), reader)
+    pids = sorted({int(pid) for pid in result.all_child_pids} | {p.pid for p in processes if p.pid})
+    return Launched(port_args, info, processes, dp_size(), reader, pids)
 
 
 def dp_size() -> int:
@@ -132,8 +150,12 @@ def dp_size() -> int:
     return int(get_parallel().num_dp_ranks or 1)
 
 
-def terminate(processes: list[BaseProcess], join_s: float = 2.0) -> None:
-    """SIGTERM each rank, wait ``join_s``, then SIGKILL what is left. Every rank is reaped."""
+def terminate(
+    processes: list[BaseProcess], join_s: float = 2.0, pids: list[int] | None = None
+) -> None:
+    """SIGTERM each rank, wait ``join_s``, then SIGKILL what is left; then SIGKILL any other
+    scheduler-side process still running (``pids``: a DP controller's ranks). Every child is
+    reaped."""
     for proc in processes:
         if proc.is_alive():
             proc.terminate()
@@ -143,6 +165,16 @@ def terminate(processes: list[BaseProcess], join_s: float = 2.0) -> None:
             logger.warning("scheduler pid %s did not stop; killing it", proc.pid)
             proc.kill()
             proc.join(timeout=1.0)
+    leftovers: list[psutil.Process] = []
+    for pid in pids or []:
+        try:
+            leftover = psutil.Process(pid)
+            if leftover.status() != psutil.STATUS_ZOMBIE:
+                leftover.kill()
+                leftovers.append(leftover)
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(leftovers, timeout=join_s)
 
 
 def model_facts(server_args: Any) -> dict[str, Any]:

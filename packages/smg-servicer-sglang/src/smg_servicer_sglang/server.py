@@ -109,10 +109,7 @@ class Schedulers:
     def dead_reason(self) -> str | None:
         if self.quit_reason is not None:
             return self.quit_reason
-        for proc in self.launched.processes:
-            if not proc.is_alive():
-                return f"scheduler process {proc.pid} exited with code {proc.exitcode}"
-        return self.manager.failed
+        return self.launched.dead() or self.manager.failed
 
     async def wait_ready(self) -> None:
         if not self.warmup:
@@ -145,7 +142,9 @@ class Schedulers:
 
     async def shutdown(self) -> None:
         await self.manager.close()
-        await asyncio.to_thread(sg.terminate, self.launched.processes, SCHEDULER_STOP_S)
+        await asyncio.to_thread(
+            sg.terminate, self.launched.processes, SCHEDULER_STOP_S, self.launched.pids
+        )
         reader = self.launched.load_reader
         if reader is not None:
             reader.close()
@@ -190,7 +189,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
     except Exception:
         logger.exception("start-up failed after the schedulers started")
         await manager.close()
-        await asyncio.to_thread(sg.terminate, launched.processes, SCHEDULER_STOP_S)
+        await asyncio.to_thread(sg.terminate, launched.processes, SCHEDULER_STOP_S, launched.pids)
         return 1
     health = HealthFrame(SERVICE_NAME)
     servicer = SglangServicer(
