@@ -74,7 +74,7 @@ def test_scheduler_death_exits_1_within_seconds(tiny_model: Path) -> None:
         elapsed = time.monotonic() - started
         assert code == 1, server.tail()
         assert elapsed < 10, f"took {elapsed:.1f}s to exit"
-        assert "exited with code" in server.tail()
+        assert "engine died: scheduler process" in server.tail()
         _, alive = psutil.wait_procs(everything, timeout=15)
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
