@@ -11,60 +11,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import time
+from collections.abc import AsyncIterator
 from typing import Any
+
+from inprocess import drive, prompt
 
 
 async def run(
     engine: Any, concurrency: int, requests: int, max_tokens: int, prompt_len: int
-) -> dict:
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
-    ttfts: list[float] = []
-    held = 0
-    tokens = 0
+) -> dict[str, Any]:
     params = {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
 
-    async def one(i: int) -> None:
-        nonlocal tokens, held
-        ids = [(i * 13 + k) % 1000 + 10 for k in range(prompt_len)]
-        start = time.perf_counter()
-        first = None
-        count = 0
-        stream = await engine.async_generate(input_ids=ids, sampling_params=params, stream=True)
-        async for chunk in stream:
-            count = int(chunk["meta_info"]["completion_tokens"])
-            if count and first is None:
-                first = time.perf_counter() - start
-        tokens += count
-        total = time.perf_counter() - start
-        ttfts.append(first or total)
-        held += int(first is not None and first > total / 2)
+    async def stream(i: int) -> AsyncIterator[int]:
+        ids = prompt(i, prompt_len)
+        chunks = await engine.async_generate(input_ids=ids, sampling_params=params, stream=True)
+        async for chunk in chunks:
+            yield int(chunk["meta_info"]["completion_tokens"])
 
-    async def worker() -> None:
-        while not queue.empty():
-            await one(queue.get_nowait())
-
-    begin = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - begin
-    q = statistics.quantiles(ttfts, n=100, method="inclusive") if len(ttfts) > 1 else ttfts * 99
-    return {
-        "label": "sglang-inprocess",
-        "concurrency": concurrency,
-        "requests": requests,
-        "output_tokens": tokens,
-        "output_tokens_per_s": round(tokens / wall, 1),
-        "ttft_ms_p50": round(q[49] * 1000, 3),
-        "ttft_ms_p99": round(q[98] * 1000, 3),
-        "held_back_share": round(held / requests, 4),
-    }
+    return await drive("sglang-inprocess", concurrency, requests, stream)
 
 
 def main() -> None:
     import sglang  # pyright: ignore[reportMissingImports] - runs in the SGLang environment
+
+    from smg_servicer_sglang.testing import ENGINE_KWARGS
 
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -73,17 +43,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="runs per concurrency")
     args = parser.parse_args()
-    engine = sglang.Engine(
-        model_path=args.model,
-        device="cpu",
-        dtype="float32",
-        context_length=1024,
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        max_total_tokens=65536,
-        disable_cuda_graph=True,
-        log_level="error",
-    )
+    engine = sglang.Engine(model_path=args.model, **ENGINE_KWARGS)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(run(engine, 4, 8, 16, args.prompt_len))  # warm-up

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+from inprocess import drive, prompt
 
-async def run(llm: Any, concurrency: int, requests: int, max_tokens: int, prompt_len: int) -> dict:
+
+async def run(
+    llm: Any, concurrency: int, requests: int, max_tokens: int, prompt_len: int
+) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
@@ -25,47 +28,15 @@ async def run(llm: Any, concurrency: int, requests: int, max_tokens: int, prompt
         output_kind=RequestOutputKind.DELTA,
         detokenize=False,
     )
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
-    ttfts: list[float] = []
-    held = 0
-    tokens = 0
 
-    async def one(i: int) -> None:
-        nonlocal tokens, held
-        prompt = TokensPrompt(
-            prompt_token_ids=[(i * 13 + k) % 1000 + 10 for k in range(prompt_len)]
-        )
-        start = time.perf_counter()
-        first = None
-        async for output in llm.generate(prompt, params, f"bench-{concurrency}-{i}"):
-            n = len(output.outputs[0].token_ids)
-            if n and first is None:
-                first = time.perf_counter() - start
-            tokens += n
-        total = time.perf_counter() - start
-        ttfts.append(first or total)
-        held += int(first is not None and first > total / 2)
+    async def stream(i: int) -> AsyncIterator[int]:
+        count = 0
+        ids = TokensPrompt(prompt_token_ids=prompt(i, prompt_len))
+        async for output in llm.generate(ids, params, f"bench-{concurrency}-{i}"):
+            count += len(output.outputs[0].token_ids)
+            yield count
 
-    async def worker() -> None:
-        while not queue.empty():
-            await one(queue.get_nowait())
-
-    begin = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - begin
-    q = statistics.quantiles(ttfts, n=100, method="inclusive") if len(ttfts) > 1 else ttfts * 99
-    return {
-        "label": "vllm-inprocess",
-        "concurrency": concurrency,
-        "requests": requests,
-        "output_tokens": tokens,
-        "output_tokens_per_s": round(tokens / wall, 1),
-        "ttft_ms_p50": round(q[49] * 1000, 3),
-        "ttft_ms_p99": round(q[98] * 1000, 3),
-        "held_back_share": round(held / requests, 4),
-    }
+    return await drive("vllm-inprocess", concurrency, requests, stream)
 
 
 async def main_async(args: argparse.Namespace) -> None:

@@ -8,11 +8,8 @@ behind it, started once per session on the float32 tiny model; ``reference`` is 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +19,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import Server, start_server, stop_server, wait_serving
+from helpers import Server, run_reference, start_server, stop_server, wait_serving
 
 from smg_servicer_core.testing import cached_tiny_model
-from smg_servicer_sglang.testing import CPU_ENV
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -60,13 +56,4 @@ def sglang_server(tiny_model: Path) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def reference(tiny_model: Path) -> Any:
     """``sglang.Engine``'s own outputs for :data:`reference_run.CASES`."""
-    out = Path(tempfile.mkstemp(prefix="smg-sglang-ref-", suffix=".json")[1])
-    subprocess.run(
-        [sys.executable, str(HERE / "reference_run.py"), str(tiny_model), str(out)],
-        check=True,
-        env={**os.environ, **CPU_ENV},
-        timeout=300,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return json.loads(out.read_text())
+    return run_reference(tiny_model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -97,3 +98,18 @@ def stop_server(server: Server, grace_s: float = 30.0) -> int:
             server.proc.kill()
             server.proc.wait(10)
     return server.proc.returncode
+
+
+def run_reference(model: Path, *flags: str) -> Any:
+    """``reference_run.py`` (``sglang.Engine`` in its own process) -> its JSON result."""
+    out = Path(tempfile.mkstemp(prefix="smg-sglang-ref-", suffix=".json")[1])
+    subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("reference_run.py")), str(model), str(out),
+         *flags],
+        check=True,
+        env={**os.environ, **CPU_ENV},
+        timeout=300,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return json.loads(out.read_text())

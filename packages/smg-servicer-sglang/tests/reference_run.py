@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+from smg_servicer_sglang.testing import ENGINE_KWARGS
+
 CASES = {
     "short": [1, 5, 9, 200, 31],
     "long": [(7 * k + 3) % 4000 + 10 for k in range(60)],
@@ -37,17 +39,7 @@ def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
     embed = "--embed" in sys.argv
     engine = sglang.Engine(
-        model_path=model,
-        device="cpu",
-        dtype="float32",
-        context_length=1024,
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        max_total_tokens=65536,
-        disable_cuda_graph=True,
-        skip_server_warmup=True,
-        log_level="error",
-        is_embedding=embed,
+        model_path=model, skip_server_warmup=True, is_embedding=embed, **ENGINE_KWARGS
     )
     try:
         if embed:

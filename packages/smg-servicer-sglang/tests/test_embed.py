@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +11,11 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from helpers import Server, start_server, stop_server, wait_serving
+from helpers import Server, run_reference, start_server, stop_server, wait_serving
 from reference_run import EMBED_CASES
 
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from smg_servicer_sglang.testing import CPU_ENV
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 HERE = Path(__file__).resolve().parent
@@ -29,16 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def embed_reference(tiny_model: Path) -> dict[str, list[float]]:
-    out = Path(tempfile.mkstemp(prefix="smg-sglang-embed-", suffix=".json")[1])
-    subprocess.run(
-        [sys.executable, str(HERE / "reference_run.py"), str(tiny_model), str(out), "--embed"],
-        check=True,
-        env={**os.environ, **CPU_ENV},
-        timeout=300,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return json.loads(out.read_text())
+    return run_reference(tiny_model, "--embed")
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,18 @@ CPU_FLAGS = (
     "--log-level", "warning",
 )  # fmt: skip
 
+#: The same settings as keyword arguments of ``sglang.Engine`` (in-process references, benches).
+ENGINE_KWARGS: dict[str, object] = {
+    "device": "cpu",
+    "dtype": "float32",
+    "context_length": 1024,
+    "attention_backend": "torch_native",
+    "sampling_backend": "pytorch",
+    "max_total_tokens": 65536,
+    "disable_cuda_graph": True,
+    "log_level": "error",
+}
+
 INSTALL_HINT = "bash tools/envs/sglang-cpu/install.sh"
 
 
