@@ -15,7 +15,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 venv="${1:-$root/.venv-sglang}"
 stamp="$venv/.smg-env-stamp"
-want="$(cat "$here/install.sh" "$here/requirements.txt" | sha256sum | cut -d' ' -f1)"
+# Rebuilt when this script, the pins or a workspace package's metadata change.
+members=(smg-servicer-core smg-grpc-servicer smg-servicer-kv-bridge smg-servicer-sglang)
+inputs=("$here/install.sh" "$here/requirements.txt")
+for member in "${members[@]}"; do inputs+=("$root/packages/$member/pyproject.toml"); done
+want="$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "sglang-cpu env up to date: $venv"
     exit 0
@@ -27,11 +31,9 @@ export VIRTUAL_ENV="$venv"
 # torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
 uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
 uv pip install --quiet --no-deps sglang==0.5.23
-uv pip install --quiet --no-deps \
-    -e "$root/packages/smg-servicer-core" \
-    -e "$root/packages/smg-grpc-servicer" \
-    -e "$root/packages/smg-servicer-kv-bridge" \
-    -e "$root/packages/smg-servicer-sglang"
+editables=()
+for member in "${members[@]}"; do editables+=(-e "$root/packages/$member"); done
+uv pip install --quiet --no-deps "${editables[@]}"
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 {
     echo "$here/shims"
