@@ -228,3 +228,21 @@ async def test_idle_time_before_a_request_is_not_a_stall(stack: Stack) -> None:
     assert not stack.manager.stalled
     assert stack.manager.stalled_for() < 1.0
     call.cancel()
+
+
+async def test_one_unreadable_output_fails_only_its_request(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    bad = stack.stub.Generate(gen("bad-output"))
+    good = stack.stub.Generate(gen("good-output"))
+    await asyncio.sleep(0.3)
+    broken = token_output("bad-output", [5], 1, None)
+    broken.output_token_logprobs_val = [["not a number"]]
+    await stack.scheduler.send(broken)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in bad]
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    await stack.scheduler.send(token_output("good-output", [6], 1, {"type": "length"}))
+    responses = [r async for r in good]
+    assert responses[-1].complete.finish_reason == "length"
+    assert stack.manager.failed is None
+    assert not stack.srv.task.done(), "the server keeps serving"

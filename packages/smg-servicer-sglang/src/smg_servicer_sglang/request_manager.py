@@ -171,7 +171,7 @@ class RequestManager:
         self._states: dict[str, _State] = {}
         self._groups: dict[str, list[str]] = {}
         self._control: list[_Pending] = []
-        self._control_lock = asyncio.Lock()
+        self._control_locks: dict[type, asyncio.Lock] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self.last_receive = time.time()
@@ -292,7 +292,10 @@ class RequestManager:
 
     async def control(self, request: Any, reply_type: type, timeout_s: float) -> list[Any]:
         """Send a control request and wait for one reply per DP rank."""
-        async with self._control_lock:  # one outstanding request per reply type is enough
+        # One outstanding request per reply type (replies carry no id to match them by); a
+        # long profile does not hold up a cache flush.
+        lock = self._control_locks.setdefault(reply_type, asyncio.Lock())
+        async with lock:
             pending = _Pending(reply_type, self.dp_size)
             self._control.append(pending)
             try:
@@ -370,7 +373,15 @@ class RequestManager:
         state = self._states.get(rid)
         if state is None or state.finished:
             return
-        output: Output = build()
+        try:
+            output: Output = build()
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            # One request's part of a batch we cannot read: that request fails, the rest go on.
+            logger.exception("unreadable scheduler output for request %s", rid)
+            self._finish_locally(
+                state, {"type": "abort", "message": "engine output unreadable", "status_code": 500}
+            )
+            return
         state.outputs.append(output)
         if output.finish is not None:
             state.finished = True
