@@ -314,3 +314,20 @@ class KvRelay:
         return pb.KvEventBatch(
             sequence_number=rank.last_sent_seq, dp_rank=rank.source.rank, load=load
         )
+
+
+async def subscribe(
+    sources: Sequence[KvSource] | None,
+    start_seq: int,
+    off_hint: str,
+    load_source: LoadSource | None = None,
+) -> AsyncIterator[pb.KvEventBatch]:
+    """``SubscribeKvEvents`` for a servicer: UNIMPLEMENTED with ``off_hint`` when the engine
+    publishes no ZMQ KV events (``sources`` None; the router falls back to GetLoads), else one
+    relay over every rank from ``start_seq``."""
+    if sources is None:
+        raise Unsupported(off_hint)
+    logger.info("KV-event subscription opened (start=%d, ranks=%d)", start_seq, len(sources))
+    relay = KvRelay(sources, load_source=load_source)
+    async for batch in relay.stream(start_seq):
+        yield batch

@@ -40,7 +40,7 @@ from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.rpcs import CommonRpcs
 from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
-from smg_servicer_kv_bridge import KvRelay
+from smg_servicer_kv_bridge import subscribe
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events, loads
 from smg_servicer_sglang.convert import ModelLimits
@@ -57,6 +57,11 @@ HEALTH_TIMEOUT_S = 20.0
 HEALTH_POLL_S = 0.5
 FLUSH_MIN_TIMEOUT_S = 30.0
 PROFILE_TIMEOUT_S = 600.0
+_KV_OFF = (
+    "KV events are off: start SGLang with --kv-events-config "
+    '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\' to enable them; '
+    "the router falls back to GetLoads"
+)
 _DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -448,19 +453,8 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.config, self.manager.dp_size)
-        if sources is None:
-            raise Unsupported(
-                "KV events are off: start SGLang with --kv-events-config "
-                '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\' to enable them; '
-                "the router falls back to GetLoads"
-            )
-        logger.info(
-            "KV-event subscription opened (start=%d, ranks=%d)",
-            request.start_sequence_number,
-            len(sources),
-        )
-        relay = KvRelay(sources, load_source=self._load_record)
-        async for batch in relay.stream(request.start_sequence_number):
+        start = request.start_sequence_number
+        async for batch in subscribe(sources, start, _KV_OFF, self._load_record):
             yield batch
 
     def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:

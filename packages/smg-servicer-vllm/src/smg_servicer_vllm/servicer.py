@@ -36,7 +36,7 @@ from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.rpcs import CommonRpcs
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
-from smg_servicer_kv_bridge import KvRelay
+from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
 from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
@@ -44,6 +44,11 @@ from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_samp
 logger = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
+_KV_OFF = (
+    "KV events are off: start vLLM with --kv-events-config "
+    '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to enable them; '
+    "the router falls back to GetLoads"
+)
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 FLUSH_ATTEMPT_S = 30.0
 PROFILE_TIMEOUT_S = 600.0
@@ -294,19 +299,8 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.engine)
-        if sources is None:
-            raise Unsupported(
-                "KV events are off: start vLLM with --kv-events-config "
-                '\'{"enable_kv_cache_events": true, "publisher": "zmq"}\' to enable them; '
-                "the router falls back to GetLoads"
-            )
-        logger.info(
-            "KV-event subscription opened (start=%d, ranks=%d)",
-            request.start_sequence_number,
-            len(sources),
-        )
-        relay = KvRelay(sources, load_source=self._load_record)
-        async for batch in relay.stream(request.start_sequence_number):
+        start = request.start_sequence_number
+        async for batch in subscribe(sources, start, _KV_OFF, self._load_record):
             yield batch
 
     def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:
