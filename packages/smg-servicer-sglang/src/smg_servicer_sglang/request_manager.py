@@ -10,7 +10,7 @@ Sockets (SGLang's own IPC names from ``PortArgs``; the schedulers connect, we bi
 Frames are SGLang's (msgspec msgpack, or pickle with ``SGLANG_USE_PICKLE_IPC=1``) through its own
 ``async_sock_send``/``async_sock_recv``.
 
-Per-request state lives from :meth:`RequestManager.submit` until the consumer leaves
+Per-request state lives from :meth:`RequestManager.open` until the consumer leaves
 :meth:`RequestManager.stream` (normally or not), so nothing outlives its call. Outputs for a
 request wait in its state until read; the scheduler cannot be back-pressured, so that list holds
 at most what the request can produce (its ``max_new_tokens``), and a reader that fell behind reads
@@ -220,6 +220,7 @@ class RequestManager:
     # -- requests ----------------------------------------------------------------------------
 
     async def send(self, obj: Any) -> None:
+        """Send a request (whose state :meth:`open` created) or a control message."""
         if self.closed:
             raise Unavailable("server is shutting down; retry on another worker")
         async with self._send_lock:
@@ -242,10 +243,6 @@ class RequestManager:
             self._states.pop(rid, None)
         if group is not None:
             self._groups.pop(group, None)
-
-    async def submit(self, obj: Any) -> None:
-        """Send a request whose state :meth:`open` created."""
-        await self.send(obj)
 
     def take(self, rid: str) -> tuple[list[Output], bool]:
         """Everything waiting for ``rid`` and whether it has finished."""

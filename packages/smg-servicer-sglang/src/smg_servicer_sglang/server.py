@@ -70,7 +70,7 @@ async def warm_up(servicer: SglangServicer) -> None:
         )
         servicer.manager.open([req.rid])
         try:
-            await servicer.manager.submit(req)
+            await servicer.manager.send(req)
             async for batch in servicer.manager.stream(req.rid):
                 if (error := convert.failure(batch[-1].finish)) is not None:
                     raise error

@@ -136,7 +136,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         rid = request.request_id
         self.manager.open([rid])
         try:
-            await self.manager.submit(req)
+            await self.manager.send(req)
             seen: list[Output] = []
             async for batch in self.manager.stream(rid):
                 seen.extend(batch)
@@ -162,7 +162,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
                     yield self._final(request, [], Output([], {"type": "abort"}), index)
                 return
             for req in reqs:
-                await self.manager.submit(req)
+                await self.manager.send(req)
             seen: list[list[Output]] = [[] for _ in rids]
             open_ids = set(range(len(rids)))
             while open_ids:
@@ -188,7 +188,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
     async def _prefill(self, prefix: Any) -> bool:
         """Phase 1 of ``n > 1``: prefill the shared prompt once so the samples reuse its KV
         cache. False when it was aborted."""
-        await self.manager.submit(prefix)
+        await self.manager.send(prefix)
         async for batch in self.manager.stream(prefix.rid):
             finish = batch[-1].finish
             if (error := convert.failure(finish)) is not None:
@@ -224,7 +224,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         async with self.registry.track(rid):
             self.manager.open([rid])
             try:
-                await self.manager.submit(req)
+                await self.manager.send(req)
                 outputs: list[Output] = []
                 async for batch in self.manager.stream(rid):
                     outputs.extend(batch)
@@ -289,7 +289,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s
         try:
-            await self.manager.submit(req)
+            await self.manager.send(req)
             while True:
                 outputs, finished = self.manager.take(rid)
                 if outputs or finished:
