@@ -2,19 +2,80 @@
 servicer. Prints one JSON line (output_tokens_per_s, ttft_ms_p50/p99).
 
     uv run python tools/bench/mlx_inprocess.py MODEL_DIR --concurrency 16 --max-tokens 128
+    uv run python tools/bench/mlx_inprocess.py MODEL_DIR --driver engine ...
+
+``--driver batchgen`` (the baseline) inserts requests synchronously between decode steps, the
+moment a slot frees: no request ever waits for a step in flight. ``--driver engine`` drives the
+servicer's own ``MlxEngine`` (engine thread, admission between steps, asyncio consumers) with no
+gRPC: the requests arrive while a step runs, as they do from any network client, so the difference
+between the two is the cost of asynchronous admission, and the difference between ``engine`` and
+the servicer is what gRPC and the servicer add.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
+
+
+async def drive_engine(args: argparse.Namespace) -> dict[str, Any]:
+    from inprocess import drive, prompt
+
+    from smg_servicer_mlx._engine import MlxEngine
+    from smg_servicer_mlx.model_info import read_model_info
+    from smg_servicer_mlx.params import GenParams
+
+    engine = MlxEngine(read_model_info(args.model))
+    engine.start()
+    await engine.wait_ready()
+
+    def params(i: int, max_tokens: int) -> GenParams:
+        return GenParams(
+            prompt=prompt(i, args.prompt_len),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            frequency_penalty=0.0,
+            presence_penalty=0.0,
+            logit_bias={},
+            stop_token_ids=frozenset(),
+            logprobs=0,
+            want_logprobs=False,
+            seed=None,
+        )
+
+    def stream_of(label: str, max_tokens: int) -> Any:
+        async def stream(i: int) -> AsyncIterator[int]:
+            count = 0
+            async for batch in engine.generate(f"{label}-{i}", params(i, max_tokens)):
+                count += sum(out.token is not None for out in batch)
+                yield count
+
+        return stream
+
+    try:
+        await drive("warm-up", 4, 8, stream_of("warm", 16))
+        report = await drive(
+            "mlx-engine-inprocess",
+            args.concurrency,
+            args.requests,
+            stream_of("bench", args.max_tokens),
+        )
+    finally:
+        await engine.shutdown()
+    return report
 
 
 def main() -> int:
@@ -24,7 +85,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--driver", choices=["batchgen", "engine"], default="batchgen")
     args = parser.parse_args()
+    if args.driver == "engine":
+        print(json.dumps(asyncio.run(drive_engine(args))), flush=True)
+        return 0
     loaded: Any = load(args.model)
     generator = BatchGenerator(loaded[0], completion_batch_size=32, prefill_batch_size=8)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,26 @@ def test_non_streaming_report_counts_tokens_from_complete() -> None:
     report = _run("--no-stream", "--concurrency", "2", "--requests", "4", "--max-tokens", "9")
     assert report["output_tokens"] == 36
     assert report["inter_chunk_ms_p50"] is None
+
+
+@pytest.mark.contract
+def test_client_priority_and_cost_are_reported() -> None:
+    report = _run("--nice", "5", "--concurrency", "2", "--requests", "4", "--max-tokens", "10")
+    assert report["ok"] == 4 and report["output_tokens"] == 40
+    assert report["client_nice"] == min(os.nice(0) + 5, 19)  # lowered from this process's
+    assert report["client_loop"] in {"uvloop", "asyncio"}
+    assert isinstance(report["client_cpu_ms_per_1k_tokens"], float)
+    assert report["client_cpu_ms_per_1k_tokens"] > 0
+
+
+@pytest.mark.contract
+def test_nice_outside_the_range_is_refused() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--spawn-fake", "--nice", "25"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "--nice must be between 0 and 19" in out.stderr

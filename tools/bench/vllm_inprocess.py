@@ -1,7 +1,7 @@
 """vLLM's AsyncLLM.generate driven in-process with smg_bench's workload: the baseline for the vLLM
 servicer. Prints one JSON line per concurrency (output_tokens_per_s, ttft_ms_p50/p99).
 
-    uv run python tools/bench/vllm_inprocess.py MODEL_DIR --concurrency 1 16 64 --max-tokens 128
+    uv run python tools/bench/vllm_inprocess.py MODEL_DIR --concurrency 1 16 64 --repeat 3
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from inprocess import drive, prompt
 
 
 async def run(
-    llm: Any, concurrency: int, requests: int, max_tokens: int, prompt_len: int
+    llm: Any,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    prompt_len: int,
+    *,
+    label: str = "vllm-inprocess",
 ) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -36,7 +42,7 @@ async def run(
             count += len(output.outputs[0].token_ids)
             yield count
 
-    return await drive("vllm-inprocess", concurrency, requests, stream)
+    return await drive(label, concurrency, requests, stream)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -56,8 +62,10 @@ async def main_async(args: argparse.Namespace) -> None:
     try:
         await run(llm, 4, 8, 16, args.prompt_len)  # warm-up
         for c in args.concurrency:
-            n = max(c * 4, 16)
-            print(json.dumps(await run(llm, c, n, args.max_tokens, args.prompt_len)), flush=True)
+            n = max(c * args.requests_per_stream, 16)
+            for _ in range(args.repeat):
+                report = await run(llm, c, n, args.max_tokens, args.prompt_len, label=args.label)
+                print(json.dumps(report), flush=True)
     finally:
         llm.shutdown()
 
@@ -68,6 +76,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument(
+        "--requests-per-stream", type=int, default=10, help="requests = concurrency x this"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="measurements per concurrency")
+    parser.add_argument("--label", default="vllm-inprocess")
     asyncio.run(main_async(parser.parse_args()))
 
 

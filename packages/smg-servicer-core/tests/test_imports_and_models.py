@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from smg_servicer_core.testing import TinyModelSpec, make_tiny_model
+from smg_servicer_core.testing.tiny_model import main as tiny_model_main
 from smg_servicer_core.tokenizer_bundle import build_bundle
 
 HEAVY = ("torch", "vllm", "sglang", "mlx", "mlx_lm", "tokenspeed", "transformers", "numpy")
@@ -67,3 +68,28 @@ def test_tiny_model_files_are_consistent(tiny: Path) -> None:
     bundle = build_bundle(tiny)
     assert "model.safetensors" not in bundle.names
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= set(bundle.names)
+
+
+@pytest.mark.unit
+def test_tiny_model_command_builds_the_shape_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--hidden", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2"]
+    out = tmp_path / "m"
+    flags += ["--intermediate", "96", "--corpus-sentences", "500"]
+    assert tiny_model_main([str(out), *flags]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["hidden"], printed["layers"], printed["intermediate"]) == (64, 3, 96)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (64, 3)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert config["intermediate_size"] == 96
+    raw = (out / "model.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    assert header["model.layers.2.mlp.down_proj.weight"]["shape"] == [64, 96]
+    assert "model.layers.3.mlp.down_proj.weight" not in header
+    with pytest.raises(SystemExit) as refused:
+        tiny_model_main([str(tmp_path / "bad"), "--hidden", "66", "--heads", "4"])
+    assert refused.value.code == 2
+    assert not (tmp_path / "bad").exists()

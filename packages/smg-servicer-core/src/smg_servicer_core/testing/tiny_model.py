@@ -11,7 +11,9 @@ sentences mixed with Zipf-distributed pseudo-words). Specials: ``<|endoftext|>``
 chat template is ChatML. Weights are float32 by default because token-exact comparisons across
 engines need it (bf16 argmax flips on rounding noise with a random model).
 
-``python -m smg_servicer_core.testing.tiny_model OUT_DIR [--arch qwen2] [--dtype bfloat16]``
+``python -m smg_servicer_core.testing.tiny_model OUT_DIR [--arch qwen2] [--dtype bfloat16]
+[--hidden 512 --layers 4 --heads 8 --kv-heads 4 --intermediate 1536]`` (the shape flags make the
+larger benchmark models; the defaults are the test model)
 """
 
 from __future__ import annotations
@@ -293,8 +295,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=4096)
+    shape = TinyModelSpec()
+    parser.add_argument("--hidden", type=int, default=shape.hidden)
+    parser.add_argument("--layers", type=int, default=shape.layers)
+    parser.add_argument("--heads", type=int, default=shape.heads)
+    parser.add_argument("--kv-heads", type=int, default=shape.kv_heads)
+    parser.add_argument("--intermediate", type=int, default=shape.intermediate)
+    parser.add_argument("--corpus-sentences", type=int, default=shape.corpus_sentences)
     args = parser.parse_args(argv)
-    spec = TinyModelSpec(arch=args.arch, dtype=args.dtype, seed=args.seed, vocab=args.vocab)
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        parser.error("--hidden must divide by --heads, and --heads by --kv-heads")
+    spec = TinyModelSpec(
+        arch=args.arch,
+        dtype=args.dtype,
+        seed=args.seed,
+        vocab=args.vocab,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        corpus_sentences=args.corpus_sentences,
+    )
     out = make_tiny_model(args.out_dir, spec)
     print(json.dumps({"out_dir": str(out), **asdict(spec)}))
     return 0
