@@ -2,7 +2,8 @@
 # vLLM servicer (vLLM's own gRPC launcher + our facade) vs AsyncLLM.generate in-process, same
 # workload: 128 tokens, concurrency 1, 16 and 64 (concurrency x 10 requests, at least 16), greedy,
 # ignore_eos, three measurements each. Then the servicer alone on a fake engine that costs nothing
-# (server CPU-ms per 1,000 streamed tokens).
+# (server CPU-ms per 1,000 streamed tokens, after a warm-up run; the fake's own per-token Python is
+# in the figure).
 #
 # CPU layout, the same on both sides: vLLM's model worker alone on its OpenMP cores (all but the last
 # CPU), and the front end -- AsyncLLM's process, its EngineCore scheduler and, for the servicer,
@@ -35,6 +36,7 @@ export VLLM_CPU_OMP_THREADS_BIND=0-$(( LAST - 1 ))
 FRONT="taskset -c $LAST"
 
 compare() {  # MODEL_DIR NAME
+  NAME=$2
   $FRONT $RUN python tools/bench/vllm_inprocess.py "$1" --concurrency 1 16 64 --max-tokens 128 \
     --repeat 3 --label "vllm-inprocess:$2"
   PORT=$(free_port)
@@ -45,7 +47,7 @@ compare() {  # MODEL_DIR NAME
   wait_port "$PORT"
   bench() {
     $FRONT $RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire vllm \
-      --server-pid "$SERVER" --max-tokens 128 --label "vllm-servicer:$2" "$@"
+      --server-pid "$SERVER" --max-tokens 128 --label "vllm-servicer:$NAME" "$@"
   }
   bench --concurrency 4 --requests 8 --max-tokens 16 >/dev/null   # warm-up
   for c in 1 16 64; do
@@ -69,5 +71,9 @@ PORT=$(free_port)
 $RUN python -m smg_servicer_vllm.testing --port "$PORT" &
 SERVER=$!
 wait_port "$PORT"
-$RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire vllm --server-pid "$SERVER" \
-  --concurrency 16 --requests 256 --max-tokens 128 --label vllm-servicer-fake-engine
+fake() {
+  $RUN python tools/bench/smg_bench.py --target 127.0.0.1:"$PORT" --wire vllm --server-pid "$SERVER" \
+    --concurrency 16 --max-tokens 128 --label vllm-servicer-fake-engine "$@"
+}
+fake --requests 64 >/dev/null   # warm-up: first-call costs (vLLM's lazy imports) stay out
+for _ in 1 2 3; do fake --requests 256; done

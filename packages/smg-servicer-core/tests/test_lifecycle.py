@@ -165,3 +165,54 @@ async def test_engine_death_exits_one_and_cuts_streams() -> None:
     assert code == 1
     assert health.status() == NOT_SERVING
     assert engine.shutdown_calls == 1
+
+
+@pytest.mark.contract
+async def test_start_up_heap_is_frozen_once_the_engine_is_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from smg_servicer_core import server as server_module
+
+    engine = FakeEngine(ready_delay_s=0.2)
+    health = HealthFrame(SERVICE_NAME)
+    seen: list[tuple[bool, int | None]] = []
+
+    def record() -> int:
+        seen.append((engine.ready, health.status()))
+        return 0
+
+    monkeypatch.setattr(server_module, "freeze_startup_heap", record)
+    servicer = FakeEngineServicer(engine, health)
+    async with running_server([servicer.binding()], health, engine) as srv:
+        stub: Any = health_pb2_grpc.HealthStub(srv.channel)
+        watch = stub.Watch(health_pb2.HealthCheckRequest())
+
+        async def serving() -> None:
+            async for update in watch:
+                if update.status == SERVING:
+                    return
+
+        await asyncio.wait_for(serving(), 10)
+        watch.cancel()
+    # once, after the engine was ready and before the server said SERVING
+    assert seen == [(True, NOT_SERVING)]
+
+
+@pytest.mark.unit
+def test_freeze_startup_heap_freezes_once_per_process() -> None:
+    code = (
+        "import gc\n"
+        "from smg_servicer_core.gcheap import freeze_startup_heap\n"
+        "before = gc.get_freeze_count()\n"
+        "first = freeze_startup_heap()\n"
+        "junk = [[i] for i in range(1000)]\n"
+        "second = freeze_startup_heap()\n"
+        "print(before, first, second, gc.get_freeze_count())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, first, second, after = map(int, out.stdout.split())
+    assert before == 0
+    assert first > 1000  # the interpreter's and the imports' objects
+    assert second == first == after  # the second call froze nothing more

@@ -79,3 +79,17 @@ async def test_multimodal_input_is_unimplemented(fake_stack: tuple[Any, Any]) ->
         async for _ in stub.Generate(request):
             pass
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.contract
+def test_constructing_the_servicer_freezes_the_start_up_heap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM's launcher builds the servicer after AsyncLLM has started: the one moment we get to
+    # take vLLM's start-up objects out of full garbage collections.
+    from smg_servicer_vllm import servicer as servicer_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(servicer_module, "freeze_startup_heap", lambda: calls.append(1) or 0)
+    servicer_module.VllmEngineServicer(FakeAsyncLLM(), 0.0)
+    assert calls == [1]

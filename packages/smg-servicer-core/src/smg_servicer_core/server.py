@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.gcheap import freeze_startup_heap
 from smg_servicer_core.health import HEALTH_SERVICE_NAME, HealthFrame
 
 logger = logging.getLogger(__name__)
@@ -273,6 +274,7 @@ async def serve(
             logger.exception("engine failed to start")
             which, result = 2, f"start-up failed: {type(exc).__name__}"
         if which == 0:
+            freeze_startup_heap()
             health.set_serving()
             logger.info("engine ready; SERVING")
             which, result = await _first(stop.wait(), engine.wait_dead())
