@@ -5,6 +5,8 @@ per-engine scripts can use it from any environment (they run as files from this 
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +16,16 @@ from typing import Any
 Stream = Callable[[int], AsyncIterator[int]]
 
 
+@functools.cache
+def freeze_heap() -> None:
+    """Take the start-up heap out of full collections, once, as the servicers do when their engine
+    is ready (``smg_servicer_core.gcheap``) and vLLM's HTTP server does after start-up: otherwise
+    the baseline pays stop-the-world collections over the engine's start-up objects (340 ms each in
+    vLLM's process) that the servicer does not."""
+    gc.collect()
+    gc.freeze()
+
+
 def prompt(i: int, prompt_len: int) -> list[int]:
     """smg_bench's prompt ids for request ``i``."""
     return [(i * 13 + k) % 1000 + 10 for k in range(prompt_len)]
@@ -21,6 +33,7 @@ def prompt(i: int, prompt_len: int) -> list[int]:
 
 async def drive(label: str, concurrency: int, requests: int, stream: Stream) -> dict[str, Any]:
     """``requests`` requests, ``concurrency`` in flight; TTFT, throughput, held-back share."""
+    freeze_heap()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
         queue.put_nowait(i)

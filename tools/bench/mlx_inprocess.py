@@ -90,8 +90,11 @@ def main() -> int:
     if args.driver == "engine":
         print(json.dumps(asyncio.run(drive_engine(args))), flush=True)
         return 0
+    from inprocess import freeze_heap
+
     loaded: Any = load(args.model)
     generator = BatchGenerator(loaded[0], completion_batch_size=32, prefill_batch_size=8)
+    freeze_heap()
 
     def greedy(x: Any) -> Any:
         return mx.argmax(x, axis=-1)
