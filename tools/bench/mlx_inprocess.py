@@ -30,31 +30,24 @@ from mlx_lm.generate import BatchGenerator
 async def drive_engine(args: argparse.Namespace) -> dict[str, Any]:
     from inprocess import drive, prompt
 
+    from smg_servicer_core.testing.requests import generate_request
     from smg_servicer_mlx._engine import MlxEngine
     from smg_servicer_mlx.model_info import read_model_info
-    from smg_servicer_mlx.params import GenParams
+    from smg_servicer_mlx.params import ModelLimits, to_params
 
-    engine = MlxEngine(read_model_info(args.model))
+    info = read_model_info(args.model)
+    limits = ModelLimits(info.vocab_size, info.max_context, info.eos_token_ids)
+    engine = MlxEngine(info)
     engine.start()
     await engine.wait_ready()
 
-    def params(i: int, max_tokens: int) -> GenParams:
-        return GenParams(
-            prompt=prompt(i, args.prompt_len),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            top_p=1.0,
-            top_k=0,
-            min_p=0.0,
-            repetition_penalty=1.0,
-            frequency_penalty=0.0,
-            presence_penalty=0.0,
-            logit_bias={},
-            stop_token_ids=frozenset(),
-            logprobs=0,
-            want_logprobs=False,
-            seed=None,
+    def params(i: int, max_tokens: int) -> Any:
+        # smg_bench's request, through the servicer's own conversion
+        ids = prompt(i, args.prompt_len)
+        request = generate_request(
+            "mlx", ids, max_tokens=max_tokens, ignore_eos=True, temperature=0.0
         )
+        return to_params(request, limits)
 
     def stream_of(label: str, max_tokens: int) -> Any:
         async def stream(i: int) -> AsyncIterator[int]:

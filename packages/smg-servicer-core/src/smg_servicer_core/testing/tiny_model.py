@@ -24,7 +24,7 @@ import json
 import random
 import shutil
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -293,30 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab", type=int, default=4096)
-    shape = TinyModelSpec()
-    parser.add_argument("--hidden", type=int, default=shape.hidden)
-    parser.add_argument("--layers", type=int, default=shape.layers)
-    parser.add_argument("--heads", type=int, default=shape.heads)
-    parser.add_argument("--kv-heads", type=int, default=shape.kv_heads)
-    parser.add_argument("--intermediate", type=int, default=shape.intermediate)
-    parser.add_argument("--corpus-sentences", type=int, default=shape.corpus_sentences)
+    for spec_field in fields(TinyModelSpec):  # the numeric fields: --seed, --vocab, --hidden, ...
+        if spec_field.name not in {"arch", "dtype"}:
+            flag = "--" + spec_field.name.replace("_", "-")
+            parser.add_argument(flag, type=int, default=spec_field.default)
     args = parser.parse_args(argv)
     if args.hidden % args.heads or args.heads % args.kv_heads:
         parser.error("--hidden must divide by --heads, and --heads by --kv-heads")
-    spec = TinyModelSpec(
-        arch=args.arch,
-        dtype=args.dtype,
-        seed=args.seed,
-        vocab=args.vocab,
-        hidden=args.hidden,
-        layers=args.layers,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        corpus_sentences=args.corpus_sentences,
-    )
+    spec = TinyModelSpec(**{f.name: getattr(args, f.name) for f in fields(TinyModelSpec)})
     out = make_tiny_model(args.out_dir, spec)
     print(json.dumps({"out_dir": str(out), **asdict(spec)}))
     return 0
