@@ -74,6 +74,7 @@ class TreeSampler:
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
         self.peak_rss = 0
+        self.own_cpu_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -105,6 +106,7 @@ class TreeSampler:
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
             self.sample_rss()
+        self.own_cpu_s = time.thread_time()  # this thread's CPU: not the load generator's
 
     def __enter__(self) -> TreeSampler:
         self.sample_rss()
@@ -285,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 results, wall = run(run_load(args, address))
         else:
             results, wall = run(run_load(args, address))
-        client_ms = (_client_cpu_s() - client_before) * 1000
+        sampling_s = sampler.own_cpu_s if sampler else 0.0
+        client_ms = (_client_cpu_s() - client_before - sampling_s) * 1000
         report = summarize(results, wall)
         report.update(
             label=args.label,
