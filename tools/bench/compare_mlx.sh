@@ -4,7 +4,7 @@
 #   mlx-inprocess         BatchGenerator driven synchronously (the baseline: a freed slot is
 #                         refilled between two decode steps, at no cost);
 #   mlx-engine-inprocess  the servicer's own MlxEngine driven from asyncio in the same process, no
-#                         gRPC (what asynchronous admission costs by itself);
+#                         gRPC (separates the engine wrapper from the gRPC hop);
 #   mlx-servicer          the servicer over gRPC, the load generator at `nice 10` (it stands in for
 #                         the router, which runs on its own cores in production).
 # Usage: bash tools/bench/compare_mlx.sh [MODEL_DIR]   (default: the cached tiny float32 Llama)

@@ -5,11 +5,11 @@ servicer. Prints one JSON line (output_tokens_per_s, ttft_ms_p50/p99).
     uv run python tools/bench/mlx_inprocess.py MODEL_DIR --driver engine ...
 
 ``--driver batchgen`` (the baseline) inserts requests synchronously between decode steps, the
-moment a slot frees: no request ever waits for a step in flight. ``--driver engine`` drives the
-servicer's own ``MlxEngine`` (engine thread, admission between steps, asyncio consumers) with no
-gRPC: the requests arrive while a step runs, as they do from any network client, so the difference
-between the two is the cost of asynchronous admission, and the difference between ``engine`` and
-the servicer is what gRPC and the servicer add.
+moment a slot frees. ``--driver engine`` drives the servicer's own ``MlxEngine`` (engine thread,
+admission between steps, asyncio consumers) with no gRPC; its consumers react within the same
+process, so a replacement request is usually admitted before the next step starts, as in the
+baseline. The difference between ``engine`` and the servicer is what gRPC, the servicer and a
+client's reaction time across a socket add.
 """
 
 from __future__ import annotations
