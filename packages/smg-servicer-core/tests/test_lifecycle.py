@@ -163,7 +163,7 @@ async def test_engine_death_exits_one_and_cuts_streams() -> None:
             await _read_all(stream)
         code = await asyncio.wait_for(asyncio.shield(srv.task), 10)
     assert code == 1
-    assert health.status() == NOT_SERVING
+    assert await health.status() == NOT_SERVING
     assert engine.shutdown_calls == 1
 
 
@@ -175,10 +175,10 @@ async def test_start_up_heap_is_frozen_once_the_engine_is_ready(
 
     engine = FakeEngine(ready_delay_s=0.2)
     health = HealthFrame(SERVICE_NAME)
-    seen: list[tuple[bool, int | None]] = []
+    seen: list[tuple[bool, bool]] = []
 
     def record() -> int:
-        seen.append((engine.ready, health.status()))
+        seen.append((engine.ready, health.ready))
         return 0
 
     monkeypatch.setattr(server_module, "freeze_startup_heap", record)
@@ -195,7 +195,7 @@ async def test_start_up_heap_is_frozen_once_the_engine_is_ready(
         await asyncio.wait_for(serving(), 10)
         watch.cancel()
     # once, after the engine was ready and before the server said SERVING
-    assert seen == [(True, NOT_SERVING)]
+    assert seen == [(True, False)]
 
 
 @pytest.mark.unit

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert
-from smg_servicer_sglang.convert import ModelLimits
+from smg_servicer_sglang.convert import ModelLimits, Output
 
 pytestmark = pytest.mark.unit
 LIMITS = ModelLimits(vocab_size=100, context_length=64)
@@ -24,10 +27,14 @@ def gen(ids: list[int] | None = None, **kwargs: object) -> pb.GenerateRequest:
     )
 
 
+def build(spec: convert.ReqSpec) -> object:
+    return sg.build_generate(spec, LIMITS.vocab_size, None)
+
+
 def one(request: pb.GenerateRequest) -> object:
-    reqs, prefix = convert.generate_reqs(request, LIMITS, None)
+    specs, prefix = convert.generate_reqs(request, LIMITS)
     assert prefix is None
-    return reqs[0]
+    return build(specs[0])
 
 
 def test_unset_fields_get_neutral_values() -> None:
@@ -64,9 +71,11 @@ def test_logprob_start_len_zero_means_unset() -> None:
 
 
 def test_n_builds_prefix_and_samples() -> None:
-    reqs, prefix = convert.generate_reqs(gen(sampling={"n": 3}), LIMITS, None)
+    specs, prefix_spec = convert.generate_reqs(gen(sampling={"n": 3}), LIMITS)
+    reqs: list[Any] = [build(s) for s in specs]
     assert [r.rid for r in reqs] == ["r-0", "r-1", "r-2"]
-    assert prefix is not None
+    assert prefix_spec is not None
+    prefix: Any = build(prefix_spec)
     assert prefix.rid == "r-prefix"
     assert prefix.sampling_params.max_new_tokens == 0
     assert all(r.sampling_params.n == 1 for r in reqs)
@@ -79,6 +88,7 @@ def test_n_builds_prefix_and_samples() -> None:
         gen([1, 100]),
         gen([1] * 64),
         gen(sampling={"max_new_tokens": 62}),
+        gen(sampling={"max_new_tokens": 0}),
         gen(sampling={"temperature": -1.0}),
         gen(sampling={"top_p": 1.2}),
         gen(sampling={"min_p": 2.0}),
@@ -93,7 +103,8 @@ def test_n_builds_prefix_and_samples() -> None:
 )
 def test_invalid_requests(bad: pb.GenerateRequest) -> None:
     with pytest.raises(InvalidRequest) as err:
-        convert.generate_reqs(bad, LIMITS, None)
+        specs, _ = convert.generate_reqs(bad, LIMITS)
+        build(specs[0])
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(err.value)
 
@@ -101,7 +112,7 @@ def test_invalid_requests(bad: pb.GenerateRequest) -> None:
 def test_embedding_model_refuses_generate() -> None:
     limits = ModelLimits(vocab_size=100, context_length=64, is_generation=False)
     with pytest.raises(InvalidRequest):
-        convert.generate_reqs(gen(), limits, None)
+        convert.generate_reqs(gen(), limits)
 
 
 def test_finish_mapping() -> None:
@@ -119,7 +130,6 @@ def test_finish_mapping() -> None:
 
 
 def test_matched_stop_string_and_id() -> None:
-    from smg_servicer_sglang.request_manager import Output
 
     by_id = convert.complete([5], [], Output([5], {"type": "stop", "matched": 5}), 0)
     assert by_id.matched_token_id == 5

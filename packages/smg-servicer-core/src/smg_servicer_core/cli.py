@@ -7,6 +7,11 @@
 | ``--grace-period`` | ``SMG_SERVICER_GRACE_PERIOD_S`` | ``30`` | drain time after SIGTERM (s) |
 | ``--max-message-mb`` | ``SMG_SERVICER_MAX_MESSAGE_MB`` | ``256`` | message size limit (MiB) |
 | ``--log-level`` | ``SMG_SERVICER_LOG_LEVEL`` | ``info`` | debug, info, warning, error |
+| ``--metrics-port`` | ``SMG_<ENGINE>_SERVICER_METRICS_PORT`` | off | ``/metrics`` port (0: free) |
+| ``--metrics-host`` | ``SMG_<ENGINE>_SERVICER_METRICS_HOST`` | ``0.0.0.0`` | ``/metrics`` address |
+
+``<ENGINE>`` is the launcher's engine (``MLX``, ``VLLM``, ``SGLANG``, ``TOKENSPEED``). A metrics
+port equal to the gRPC port is a configuration error (exit 2).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from smg_servicer_core.config import ResolvedSettings, Setting, at_least, port_number, resolve
+from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.metrics import MetricsServer, ServicerMetrics
 from smg_servicer_core.server import MiB, ServerOptions
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -66,17 +73,72 @@ SERVER_SETTINGS: tuple[Setting[Any], ...] = (
 )
 
 
-def server_parser() -> argparse.ArgumentParser:
-    """A parent parser (``add_help=False``) with the shared server flags."""
+def _metrics_port(value: int | None) -> str | None:
+    return None if value is None else port_number(value)
+
+
+def metrics_settings(engine: str) -> tuple[Setting[Any], ...]:
+    """``--metrics-port`` / ``--metrics-host`` with ``SMG_<ENGINE>_SERVICER_METRICS_*``."""
+    prefix = f"SMG_{engine.upper()}_SERVICER_METRICS"
+    return (
+        Setting(
+            "metrics_port",
+            int,
+            None,
+            "serve Prometheus /metrics on this port (off when unset; 0 picks a free one)",
+            flag="--metrics-port",
+            env=f"{prefix}_PORT",
+            validate=_metrics_port,
+        ),
+        Setting(
+            "metrics_host",
+            str,
+            "0.0.0.0",
+            "address /metrics binds",
+            flag="--metrics-host",
+            env=f"{prefix}_HOST",
+        ),
+    )
+
+
+def server_settings(engine: str | None = None) -> tuple[Setting[Any], ...]:
+    return SERVER_SETTINGS + (metrics_settings(engine) if engine else ())
+
+
+def server_parser(engine: str | None = None) -> argparse.ArgumentParser:
+    """A parent parser (``add_help=False``) with the shared server flags (and the metrics
+    flags when ``engine`` names the launcher's engine)."""
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("server")
-    for setting in SERVER_SETTINGS:
+    for setting in server_settings(engine):
         setting.add_to_parser(group)
     return parser
 
 
-def resolve_server(namespace: argparse.Namespace, environ: Mapping[str, str]) -> ResolvedSettings:
-    return resolve(SERVER_SETTINGS, namespace, environ)
+def resolve_server(
+    namespace: argparse.Namespace | None, environ: Mapping[str, str], engine: str | None = None
+) -> ResolvedSettings:
+    resolved = resolve(server_settings(engine), namespace, environ)
+    check_metrics_port(resolved, resolved["port"])
+    return resolved
+
+
+def check_metrics_port(resolved: ResolvedSettings, grpc_port: int) -> None:
+    """A metrics port that is the gRPC port cannot work: refuse it at start (exit 2)."""
+    if "metrics_port" not in resolved:
+        return
+    port = resolved["metrics_port"]
+    if port is not None and port != 0 and port == grpc_port:
+        raise ConfigError(f"--metrics-port {port} is the gRPC port; choose another")
+
+
+def start_metrics(resolved: ResolvedSettings) -> tuple[ServicerMetrics, MetricsServer] | None:
+    """The metrics and their ``/metrics`` server when ``--metrics-port`` is set, else None
+    (and no port is opened)."""
+    if "metrics_port" not in resolved or resolved["metrics_port"] is None:
+        return None
+    metrics = ServicerMetrics()
+    return metrics, MetricsServer(metrics, resolved["metrics_host"], resolved["metrics_port"])
 
 
 def server_options(resolved: ResolvedSettings) -> ServerOptions:

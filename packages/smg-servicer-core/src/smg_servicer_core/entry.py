@@ -12,18 +12,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 from collections.abc import Callable, Coroutine
+from enum import IntEnum
 from typing import Any, NoReturn
 
+from smg_servicer_core.config import Setting, parse_bool, setting_value
 from smg_servicer_core.errors import ConfigError
 
-EXIT_OK = 0
-EXIT_ENGINE_DIED = 1
-EXIT_CONFIG = 2
+
+class ExitCode(IntEnum):
+    """The one exit-code table of every launcher."""
+
+    OK = 0  # stopped by a signal after draining
+    ENGINE_DIED = 1  # the engine died or could not start
+    CONFIG = 2  # a bad flag, variable or file; one line on stderr
+
+
+EXIT_OK = ExitCode.OK
+EXIT_ENGINE_DIED = ExitCode.ENGINE_DIED
+EXIT_CONFIG = ExitCode.CONFIG
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+UVLOOP = Setting(
+    "uvloop", parse_bool, True, "run on uvloop when installed", env="SMG_SERVICER_UVLOOP"
+)
 
 
 def configure_logging(level: str = "info") -> None:
@@ -33,7 +47,7 @@ def configure_logging(level: str = "info") -> None:
 def _runner() -> Callable[[Coroutine[Any, Any, int]], int]:
     """uvloop when it is installed (vLLM's own launcher runs on it; it cuts the servicer's CPU
     per streamed token by about 15 %), else asyncio. ``SMG_SERVICER_UVLOOP=0`` opts out."""
-    if os.environ.get("SMG_SERVICER_UVLOOP", "1").strip().lower() in {"0", "false", "no", "off"}:
+    if not setting_value(UVLOOP):
         return asyncio.run
     try:
         import uvloop  # noqa: PLC0415 - optional accelerator

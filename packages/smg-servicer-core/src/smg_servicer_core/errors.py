@@ -28,6 +28,7 @@ generic message naming the request id, and the traceback goes to the log only.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -174,40 +175,94 @@ def _request_id_of(request: object) -> str:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+class _Observer(Protocol):
+    """What :func:`grpc_errors` reports to when the servicer has ``metrics`` (see
+    :mod:`smg_servicer_core.metrics`): ``call(rpc)`` returns an object with ``message(item)`` and
+    ``done(code_name)``."""
+
+    def call(self, rpc: str) -> Any: ...
+
+
+def _code_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    code: object = context.code()  # set by context.abort (None if nothing set it)
+    return str(getattr(code, "name", "UNKNOWN"))
+
+
 def grpc_errors(method: _F) -> _F:
     """Decorate a servicer method (coroutine or async generator) so errors become statuses.
 
-    ``grpc.aio`` abort errors and cancellation pass through untouched.
+    ``grpc.aio`` abort errors and cancellation pass through untouched. When the servicer has a
+    ``metrics`` observer (not None), every call reports its messages and final status code to it;
+    without one the wrapper adds nothing to the call.
     """
-    name = method.__name__
     if inspect.isasyncgenfunction(method):
-        gen_method = cast(Callable[..., AsyncIterator[Any]], method)
+        return cast(_F, _stream_wrapper(cast(Callable[..., AsyncIterator[Any]], method)))
+    return cast(_F, _unary_wrapper(cast(Callable[..., Awaitable[Any]], method)))
 
-        @functools.wraps(method)
-        async def stream_wrapper(
-            self: object, request: object, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
+
+_Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def _stream_wrapper(
+    method: Callable[..., AsyncIterator[Any]],
+) -> Callable[..., AsyncIterator[Any]]:
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def stream_wrapper(self: object, request: object, context: _Ctx) -> AsyncIterator[Any]:
+        observer: _Observer | None = getattr(self, "metrics", None)
+        if observer is None:
             try:
-                async for item in gen_method(self, request, context):
+                async for item in method(self, request, context):
                     yield item
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
                 await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
-
-        return cast(_F, stream_wrapper)
-
-    unary_method = cast(Callable[..., Awaitable[Any]], method)
-
-    @functools.wraps(method)
-    async def unary_wrapper(
-        self: object, request: object, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Any:
+            return
+        call = observer.call(name)
+        message = call.message
+        code = "OK"
         try:
-            return await unary_method(self, request, context)
+            async for item in method(self, request, context):
+                message(item)
+                yield item
         except grpc.aio.AbortError:
+            code = _code_name(context)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            code = "CANCELLED"
             raise
         except Exception as exc:
+            code = status_for(exc)[0].name
             await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
+        finally:
+            call.done(code)
 
-    return cast(_F, unary_wrapper)
+    return stream_wrapper
+
+
+def _unary_wrapper(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def unary_wrapper(self: object, request: object, context: _Ctx) -> Any:
+        observer: _Observer | None = getattr(self, "metrics", None)
+        call = observer.call(name) if observer is not None else None
+        code = "OK"
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            code = _code_name(context)
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            code = status_for(exc)[0].name
+            await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
+        finally:
+            if call is not None:
+                call.done(code)
+
+    return unary_wrapper

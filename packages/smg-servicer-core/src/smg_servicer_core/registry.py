@@ -12,7 +12,9 @@ Three things can stop a request early: an ``Abort`` RPC (:meth:`RequestRegistry.
 client cancelling the call, or an error while streaming. Each of them ends in the same place,
 :meth:`RequestHandle.stop`, which calls the engine's abort at most once. A request that finished
 normally is never aborted in the engine. ``Abort`` for an unknown or finished id is a no-op, and
-aborting twice is harmless.
+aborting twice is harmless. Each engine abort is reported once to ``on_stop`` with its cause
+(``abort_rpc``, ``client_cancel``, ``error``, or ``shutdown`` when the server is draining), which
+is what the metrics count.
 
 Invariants:
 - ``len(registry)`` (``active_requests``) counts exactly the requests inside ``track``;
@@ -32,17 +34,29 @@ from smg_servicer_core.errors import AlreadyExists, InvalidRequest
 logger = logging.getLogger(__name__)
 
 EngineAbort = Callable[[str], Awaitable[None]]
+StopHook = Callable[[str], None]
 
 
 class RequestHandle:
     """One tracked request. ``aborted`` becomes true when it was stopped from outside."""
 
-    __slots__ = ("_done", "_engine_abort", "_stopped", "abort_reason", "request_id", "stopped")
+    __slots__ = (
+        "_done",
+        "_engine_abort",
+        "_on_stop",
+        "_stopped",
+        "abort_reason",
+        "request_id",
+        "stopped",
+    )
 
-    def __init__(self, request_id: str, engine_abort: EngineAbort) -> None:
+    def __init__(
+        self, request_id: str, engine_abort: EngineAbort, on_stop: StopHook | None = None
+    ) -> None:
         self.request_id = request_id
         self.abort_reason: str | None = None
         self._engine_abort = engine_abort
+        self._on_stop = on_stop
         self._done = False
         self._stopped = False
         #: Set when the request was stopped early (abort RPC, cancel, error).
@@ -56,13 +70,15 @@ class RequestHandle:
         """The request ended normally: it must never be aborted in the engine afterwards."""
         self._done = not self._stopped
 
-    async def stop(self, reason: str) -> bool:
+    async def stop(self, reason: str, cause: str = "abort_rpc") -> bool:
         """Stop the engine request once. True if this call issued the engine abort."""
         if self._done or self._stopped:
             return False
         self._stopped = True
         self.abort_reason = reason
         self.stopped.set()
+        if self._on_stop is not None:
+            self._on_stop(cause)
         try:
             await self._engine_abort(self.request_id)
         except Exception:
@@ -73,9 +89,18 @@ class RequestHandle:
 class RequestRegistry:
     """The servicer's in-flight requests; ``engine_abort`` stops one in the engine."""
 
-    def __init__(self, engine_abort: EngineAbort) -> None:
+    def __init__(
+        self,
+        engine_abort: EngineAbort,
+        *,
+        on_stop: StopHook | None = None,
+        shutting_down: Callable[[], bool] | None = None,
+    ) -> None:
         self._engine_abort = engine_abort
         self._active: dict[str, RequestHandle] = {}
+        #: Called with the cause of every engine abort (metrics); may be set later.
+        self.on_stop = on_stop
+        self._shutting_down = shutting_down or (lambda: False)
 
     def __len__(self) -> int:
         return len(self._active)
@@ -92,16 +117,18 @@ class RequestRegistry:
             raise InvalidRequest("request_id must not be empty")
         if request_id in self._active:
             raise AlreadyExists(f"request {request_id} is already in flight")
-        handle = RequestHandle(request_id, self._engine_abort)
+        handle = RequestHandle(request_id, self._engine_abort, self.on_stop)
         self._active[request_id] = handle
         try:
             yield handle
             handle.mark_finished()
-        except asyncio.CancelledError:
-            await asyncio.shield(handle.stop("client cancelled"))
+        except (asyncio.CancelledError, GeneratorExit):
+            draining = self._shutting_down()
+            reason = "server shutting down" if draining else "client cancelled"
+            await asyncio.shield(handle.stop(reason, "shutdown" if draining else "client_cancel"))
             raise
         except BaseException:
-            await asyncio.shield(handle.stop("error"))
+            await asyncio.shield(handle.stop("error", "error"))
             raise
         finally:
             self._active.pop(request_id, None)
@@ -120,4 +147,8 @@ class RequestRegistry:
         return issued
 
     async def abort_all(self, reason: str) -> int:
-        return await self.abort_many(list(self._active), reason)
+        """Stop every request in flight (cause ``shutdown``)."""
+        issued = 0
+        for handle in list(self._active.values()):
+            issued += await handle.stop(reason, "shutdown")
+        return issued

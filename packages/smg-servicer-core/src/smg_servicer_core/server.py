@@ -22,16 +22,20 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.gcheap import freeze_startup_heap
 from smg_servicer_core.health import HEALTH_SERVICE_NAME, HealthFrame
+
+if TYPE_CHECKING:
+    from smg_servicer_core.metrics import MetricsServer
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +137,8 @@ class DrainGate(grpc.aio.ServerInterceptor):
     def __init__(self, exempt_prefixes: Sequence[str] = ()) -> None:
         self.closed = False
         self._exempt = tuple(exempt_prefixes)
+        #: Called once per refused call (metrics: ``refused{reason="shutting_down"}``).
+        self.on_refuse: Callable[[], None] | None = None
 
     async def intercept_service(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
@@ -143,6 +149,8 @@ class DrainGate(grpc.aio.ServerInterceptor):
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if not self.closed or handler is None or method.startswith(self._exempt):
             return handler
+        if self.on_refuse is not None:
+            self.on_refuse()
         return _refusing_handler(handler)
 
 
@@ -254,19 +262,56 @@ async def serve(
     handle_signals: bool = True,
     on_started: Callable[[int], None] | None = None,
     in_flight: Callable[[], int] | None = None,
+    metrics_server: MetricsServer | None = None,
 ) -> int:
     """Run until a stop signal or engine death. Returns the process exit code (0 or 1).
 
     ``in_flight`` (for example ``lambda: len(servicer.registry)``) lets the drain end as soon as
     the last request finishes instead of waiting for the connection-level stop.
+    ``metrics_server`` (already listening) counts the drain's refusals and is closed at the end.
     """
     stop = stop_event or asyncio.Event()
-    server = Server(bindings, health, options)
+    try:
+        server = Server(bindings, health, options)
+    except ConfigError:
+        if metrics_server is not None:
+            metrics_server.close()
+        raise
+    if metrics_server is not None:
+        metrics = metrics_server.metrics
+        server.gate.on_refuse = lambda: metrics.refuse("shutting_down")
+    try:
+        return await _serve(
+            server,
+            health=health,
+            engine=engine,
+            options=options,
+            stop=stop,
+            handle_signals=handle_signals,
+            on_started=on_started,
+            in_flight=in_flight,
+        )
+    finally:
+        if metrics_server is not None:
+            metrics_server.close()
+
+
+async def _serve(
+    server: Server,
+    *,
+    health: HealthFrame,
+    engine: EngineLifecycle,
+    options: ServerOptions,
+    stop: asyncio.Event,
+    handle_signals: bool,
+    on_started: Callable[[int], None] | None,
+    in_flight: Callable[[], int] | None,
+) -> int:
     await server.start()
     logger.info("listening on %s (port %d)", options.address(), server.port)
     if on_started is not None:
         on_started(server.port)
-    code = 0
+    code = ExitCode.OK
     with _signals_set(stop, handle_signals):
         try:
             which, result = await _first(engine.wait_ready(), stop.wait(), engine.wait_dead())
@@ -281,11 +326,11 @@ async def serve(
             which += 1  # align with the first wait: 1 = stop, 2 = dead
         if which == 2:
             logger.error("engine died: %s", result)
-            code = 1
+            code = ExitCode.ENGINE_DIED
             await server.drain(0)
         else:
             logger.info("stopping: draining for up to %.1fs", options.grace_period_s)
             await server.drain(options.grace_period_s, in_flight)
     await engine.shutdown()
     logger.info("stopped (exit %d)", code)
-    return code
+    return int(code)

@@ -11,19 +11,19 @@
 | ``--adapter-path`` | ``SMG_MLX_ADAPTER_PATH`` | none (LoRA adapter directory) |
 
 plus core's server flags (``--host``, ``--port``, ``--grace-period``, ``--max-message-mb``,
-``--log-level``).
+``--log-level``) and metrics flags (``--metrics-port`` / ``SMG_MLX_SERVICER_METRICS_PORT``,
+``--metrics-host`` / ``SMG_MLX_SERVICER_METRICS_HOST``; off by default).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.cli import resolve_server, server_options, server_parser
-from smg_servicer_core.config import Setting, at_least, resolve
+from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
+from smg_servicer_core.config import Setting, at_least, environment, resolve
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m smg_servicer_mlx",
         description="SMG gRPC servicer for MLX",
-        parents=[server_parser()],
+        parents=[server_parser("mlx")],
     )
     group = parser.add_argument_group("mlx")
     for setting in MLX_SETTINGS:
@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    server = resolve_server(args, os.environ)
+    server = resolve_server(args, environment(), "mlx")
     configure_logging(server["log_level"])
-    mlx = resolve(MLX_SETTINGS, args, os.environ)
+    mlx = resolve(MLX_SETTINGS, args, environment())
     logger.info("settings: %s; %s", server.describe(), mlx.describe())
     info = read_model_info(mlx["model"])
     try:  # the engine is imported only now, so --help works without MLX
@@ -128,7 +128,8 @@ async def _main(args: argparse.Namespace) -> int:
         adapter_path=mlx["adapter_path"] or None,
     )
     health = HealthFrame(SERVICE_NAME)
-    servicer = MlxServicer(engine, health)
+    metrics = start_metrics(server)
+    servicer = MlxServicer(engine, health, metrics=metrics[0] if metrics else None)
     engine.start()
     return await serve(
         [servicer.binding()],
@@ -136,6 +137,7 @@ async def _main(args: argparse.Namespace) -> int:
         engine,
         server_options(server),
         in_flight=lambda: len(servicer.registry),
+        metrics_server=metrics[1] if metrics else None,
     )
 
 

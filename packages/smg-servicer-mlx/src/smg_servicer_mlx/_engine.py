@@ -187,6 +187,12 @@ class MlxEngine:
 
     # requests (event loop) -------------------------------------------------------------------
 
+    def load(self) -> tuple[int, int]:
+        """(running, waiting): requests admitted into the batch, and queued ahead of it."""
+        with self._lock:
+            waiting = len(self._pending)
+            return len(self._by_id) - waiting, waiting
+
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 

@@ -3,7 +3,8 @@
 proto3 "unset" rules: ``temperature``, ``max_tokens``, ``logprobs`` and ``seed`` are ``optional``
 (absent means the engine default); the plain scalars use 0 for "unset": ``top_p`` 0 -> 1.0,
 ``top_k`` 0 -> off, ``min_p`` 0 -> off, ``repetition_penalty`` 0 -> 1.0 (off), frequency and
-presence penalties 0 -> off. Everything a client can get wrong raises :class:`InvalidRequest`.
+presence penalties 0 -> off. The shared rules (:mod:`smg_servicer_core.validate`) give the same
+messages as on every engine; a ``max_tokens`` past the context is clamped to what it leaves.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from smg_servicer_core import validate
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
 
 DEFAULT_TEMPERATURE = 1.0
-MAX_LOGPROBS = 20
 
 Tokenize = Callable[[str], list[int]]
 
@@ -55,20 +56,8 @@ def _prompt(
         ids = tokenize(request.text)
     else:
         raise InvalidRequest("the request has no input (tokenized or text)")
-    if not ids:
-        raise InvalidRequest("the prompt is empty")
-    if max(ids) >= limits.vocab_size:
-        raise InvalidRequest(f"token id {max(ids)} is outside the vocabulary ({limits.vocab_size})")
-    if len(ids) >= limits.max_context:
-        raise InvalidRequest(
-            f"prompt of {len(ids)} tokens leaves no room in the context ({limits.max_context})"
-        )
+    validate.prompt(ids, limits.vocab_size, limits.max_context)
     return ids
-
-
-def _check_range(name: str, value: float, low: float, high: float) -> None:
-    if not (low <= value <= high):
-        raise InvalidRequest(f"{name} must be in [{low}, {high}], got {value}")
 
 
 def to_params(
@@ -77,27 +66,26 @@ def to_params(
     prompt = _prompt(request, limits, tokenize)
     sp = request.sampling_params
     temperature = sp.temperature if sp.HasField("temperature") else DEFAULT_TEMPERATURE
-    if temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0, got {temperature}")
-    if not (0.0 <= sp.top_p <= 1.0):
-        raise InvalidRequest(f"top_p must be in (0, 1], got {sp.top_p}")
-    _check_range("min_p", sp.min_p, 0.0, 1.0)
-    _check_range("frequency_penalty", sp.frequency_penalty, -2.0, 2.0)
-    _check_range("presence_penalty", sp.presence_penalty, -2.0, 2.0)
-    if sp.repetition_penalty < 0:
-        raise InvalidRequest(f"repetition_penalty must be > 0, got {sp.repetition_penalty}")
+    validate.sampling(
+        validate.Sampling(
+            temperature=temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            min_p=sp.min_p,
+            frequency_penalty=sp.frequency_penalty,
+            presence_penalty=sp.presence_penalty,
+            repetition_penalty=sp.repetition_penalty,
+        )
+    )
+    validate.max_tokens(sp.max_tokens if sp.HasField("max_tokens") else None)
+    validate.logprob_count("logprobs", sp.logprobs if sp.HasField("logprobs") else None)
     room = limits.max_context - len(prompt)
-    if sp.HasField("max_tokens"):
-        if sp.max_tokens == 0:
-            raise InvalidRequest("max_tokens must be at least 1")
-        max_tokens = min(sp.max_tokens, room)
-    else:
-        max_tokens = room
-    if sp.HasField("logprobs") and not (0 <= sp.logprobs <= MAX_LOGPROBS):
-        raise InvalidRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {sp.logprobs}")
+    max_tokens = min(sp.max_tokens, room) if sp.HasField("max_tokens") else room
     for token in (*sp.logit_bias.keys(), *sp.stop_token_ids):
         if not (0 <= token < limits.vocab_size):
-            raise InvalidRequest(f"token id {token} is outside the vocabulary")
+            raise InvalidRequest(
+                f"token id {token} is outside the vocabulary (size {limits.vocab_size})"
+            )
     stops = set(sp.stop_token_ids)
     if not sp.ignore_eos:
         stops.update(limits.eos_token_ids)

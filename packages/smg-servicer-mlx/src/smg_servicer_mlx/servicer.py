@@ -9,20 +9,18 @@ never a silent truncation; an engine failure mid-request ends with INTERNAL.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
 from smg_servicer_core.errors import Aborted, ServicerError, grpc_errors
+from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
 from smg_servicer_core.proto import mlx_engine_pb2_grpc
-from smg_servicer_core.registry import RequestRegistry
-from smg_servicer_core.rpcs import CommonRpcs
-from smg_servicer_core.server import ServiceBinding, bind_servicer
-from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_mlx.params import GenParams, ModelLimits, to_params
 
 if TYPE_CHECKING:
@@ -48,21 +46,28 @@ def _logprobs(outputs: list[StepOutput]) -> pb.OutputLogProbs:
     )
 
 
-class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
+class MlxServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
     wire = pb
+    wire_grpc = mlx_engine_pb2_grpc
+    service = "MlxEngine"
 
-    def __init__(self, engine: MlxEngine, health: HealthFrame) -> None:
+    def __init__(
+        self, engine: MlxEngine, health: HealthFrame, metrics: ServicerMetrics | None = None
+    ) -> None:
         self.engine = engine
-        self.health = health
         info = engine.info
         self.limits = ModelLimits(info.vocab_size, info.max_context, info.eos_token_ids)
-        self.registry = RequestRegistry(engine.abort)
-        self.bundles = TokenizerBundleCache()
-        self.started = time.monotonic()
+        super().__init__(health=health, metrics=metrics)
 
-    def binding(self) -> ServiceBinding:
-        add = mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-        return bind_servicer(SERVICE_NAME, add, self)  # pyright: ignore[reportUnknownArgumentType]
+    async def engine_abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def engine_loads(self) -> LoadsSource | None:
+        def read() -> EngineLoad:
+            running, waiting = self.engine.load()
+            return EngineLoad(running=running, waiting=waiting, kv_cache_usage=0.0)
+
+        return read
 
     @grpc_errors
     async def Generate(
@@ -118,7 +123,7 @@ class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
             complete.output_logprobs.CopyFrom(_logprobs(outputs))
         return pb.GenerateResponse(complete=complete)
 
-    def not_ready_reason(self) -> str | None:
+    async def probe(self) -> str | None:
         if self.engine.dead:
             return "engine thread stopped"
         return None if self.engine.ready else "loading model"
@@ -126,21 +131,15 @@ class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
     def tokenizer_dir(self) -> str | None:
         return self.engine.info.path
 
-    @grpc_errors
-    async def GetModelInfo(
-        self, request: pb.GetModelInfoRequest, context: Context
-    ) -> pb.GetModelInfoResponse:
+    def model_facts(self) -> ModelFacts:
         info = self.engine.info
-        return pb.GetModelInfoResponse(
+        return ModelFacts(
             model_path=info.path,
-            served_model_name=info.path,
-            is_generation=True,
-            max_context_length=info.max_context,
-            max_req_input_len=info.max_context,
             vocab_size=info.vocab_size,
+            max_context_length=info.max_context,
             model_type=info.model_type,
-            architectures=list(info.architectures),
-            eos_token_ids=list(info.eos_token_ids),
+            architectures=info.architectures,
+            eos_token_ids=info.eos_token_ids,
             pad_token_id=info.pad_token_id,
             bos_token_id=info.bos_token_id,
         )
@@ -152,5 +151,5 @@ class MlxServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
         return pb.GetServerInfoResponse(
             server_type=SERVER_TYPE,
             active_requests=len(self.registry),
-            uptime_seconds=time.monotonic() - self.started,
+            uptime_seconds=self.uptime_s(),
         )

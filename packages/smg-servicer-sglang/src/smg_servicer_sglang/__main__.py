@@ -1,26 +1,49 @@
-"""``python -m smg_servicer_sglang <SGLang server flags>``: the servicer without SGLang's launcher.
+"""``python -m smg_servicer_sglang [servicer flags] <SGLang server flags>``: the servicer without
+SGLang's launcher.
 
-Takes exactly the flags of ``sglang serve`` (``--model-path``, ``--host``, ``--port``, ...) and
-serves ``SglangScheduler`` on ``--host:--port``, like ``sglang serve --smg-grpc-mode`` minus
-SGLang's HTTP sidecar. Exit codes: 0 stopped by a signal, 1 a scheduler failed, 2 bad flags.
+The servicer's own flags come first and are taken out (``--grace-period``, ``--metrics-port``,
+``--metrics-host``; each also read from its variable, see ``server.servicer_settings``);
+everything else is exactly the flags of ``sglang serve`` (``--model-path``, ``--host``,
+``--port``, ...). It serves ``SglangScheduler`` on ``--host:--port``, like
+``sglang serve --smg-grpc-mode`` minus SGLang's HTTP sidecar. ``--help`` prints both sets.
+Exit codes (core's ``ExitCode``): 0 stopped by a signal, 1 a scheduler failed, 2 bad flags.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from smg_servicer_core.entry import run_main
+from smg_servicer_core.entry import ExitCode, run_main
+from smg_servicer_core.errors import ConfigError
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang.server import run
+from smg_servicer_sglang.server import resolve_settings, run, servicer_settings
+
+PROG = "smg_servicer_sglang"
+
+
+def own_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", add_help=False)
+    group = parser.add_argument_group("servicer (before the SGLang flags)")
+    for setting in servicer_settings():
+        setting.add_to_parser(group)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    parser = own_parser()
+    own, rest = parser.parse_known_args(args)
+    if "-h" in rest or "--help" in rest:
+        parser.print_help()
+        print()
     try:
-        server_args = sg.prepare_server_args(sys.argv[1:] if argv is None else argv)
-    except (ValueError, TypeError) as exc:
-        print(f"smg_servicer_sglang: configuration error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    run_main(lambda: run(server_args), "smg_servicer_sglang")
+        settings = resolve_settings(own)
+        server_args = sg.prepare_server_args(rest)
+    except (ConfigError, ValueError, TypeError) as exc:
+        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
+        sys.exit(ExitCode.CONFIG)
+    run_main(lambda: run(server_args, settings=settings), PROG)
 
 
 if __name__ == "__main__":

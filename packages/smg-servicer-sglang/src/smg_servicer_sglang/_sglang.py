@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from array import array
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -39,6 +40,9 @@ from sglang.srt.server_args import prepare_server_args as _prepare_server_args
 from sglang.srt.utils.common import configure_logger
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 
+from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_sglang.convert import ReqSpec
+
 logger = logging.getLogger(__name__)
 
 SGLANG_VERSION: str = str(_sglang.__version__)
@@ -59,6 +63,50 @@ TokenizedGenerateReqInput: Any = _io.TokenizedGenerateReqInput
 SamplingParams: Any = _sampling.SamplingParams
 async_sock_send: Any = _io.async_sock_send
 async_sock_recv: Any = _io.async_sock_recv
+
+
+def internal_params(tokenizer: Any, **fields: Any) -> Any:
+    """SamplingParams normalized as the scheduler expects every request's to be."""
+    params = SamplingParams(**fields)
+    params.normalize(tokenizer)
+    return params
+
+
+def _checked_params(sampling: dict[str, Any], vocab_size: int, tokenizer: Any) -> Any:
+    """SGLang's own checks on top of ours (ValueError -> INVALID_ARGUMENT)."""
+    try:
+        params = SamplingParams(**sampling)
+        params.verify(vocab_size)
+        params.normalize(tokenizer)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(str(exc)) from exc
+    return params
+
+
+def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
+    """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`)."""
+    fields = dict(spec.fields)
+    fields["input_ids"] = array("q", fields["input_ids"])
+    return TokenizedGenerateReqInput(
+        rid=spec.rid,
+        input_embeds=None,
+        mm_inputs=None,
+        token_type_ids=None,
+        sampling_params=_checked_params(spec.sampling, vocab_size, tokenizer),
+        **fields,
+    )
+
+
+def build_embed(spec: ReqSpec, tokenizer: Any) -> Any:
+    """SGLang's ``TokenizedEmbeddingReqInput`` for ``spec``."""
+    fields = dict(spec.fields)
+    fields["input_ids"] = array("q", fields["input_ids"])
+    return TokenizedEmbeddingReqInput(
+        rid=spec.rid,
+        mm_inputs=None,
+        sampling_params=internal_params(tokenizer, **spec.sampling),
+        **fields,
+    )
 
 
 def prepare_server_args(argv: list[str]) -> Any:

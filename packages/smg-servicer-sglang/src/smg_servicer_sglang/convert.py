@@ -15,16 +15,14 @@ Proto3 "unset" rules (the wire cannot tell an unset scalar from zero):
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from smg_servicer_core import validate
 from smg_servicer_core.errors import InvalidRequest, ServicerError, from_http_status
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
-from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang.request_manager import Output
 
 #: Stop strings and stop token ids SGLang accepts per request.
 MAX_STOPS = 32
@@ -37,30 +35,75 @@ class ModelLimits:
     is_generation: bool = True
 
 
-def prompt_ids(tokenized: pb.TokenizedInput, limits: ModelLimits) -> array[int]:
-    """The prompt as SGLang wants it (``array('q')``), validated against the model."""
+@dataclass(slots=True)
+class Output:
+    """One request's part of one scheduler message (token ids are the new ones only)."""
+
+    token_ids: list[int]
+    finish: dict[str, Any] | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    out_logprobs: list[float] = field(default_factory=list[float])
+    out_logprob_ids: list[int] = field(default_factory=list[int])
+    out_top: list[tuple[list[float], list[int]]] = field(
+        default_factory=list[tuple[list[float], list[int]]]
+    )
+    out_ids_logprobs: list[tuple[list[float], list[int]]] = field(
+        default_factory=list[tuple[list[float], list[int]]]
+    )
+    in_logprobs: list[float | None] | None = None
+    in_logprob_ids: list[int] = field(default_factory=list[int])
+    in_top: list[tuple[list[float], list[int]]] = field(
+        default_factory=list[tuple[list[float], list[int]]]
+    )
+    spec_accepted: int = 0
+    spec_drafts: int = 0
+    embedding: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class ReqSpec:
+    """One scheduler request as plain values: ``fields`` for SGLang's tokenized request (input
+    ids as a list), ``sampling`` for its ``SamplingParams``. ``_sglang.build_generate`` /
+    ``build_embed`` turn it into SGLang's objects (and run SGLang's own checks)."""
+
+    rid: str
+    fields: dict[str, Any]
+    sampling: dict[str, Any]
+
+
+def prompt_ids(tokenized: pb.TokenizedInput, limits: ModelLimits) -> list[int]:
+    """The prompt's ids, validated against the model (core's shared rules)."""
     ids = list(tokenized.input_ids)
-    if not ids:
-        raise InvalidRequest("tokenized.input_ids must not be empty (this worker takes token ids)")
-    bad = next((t for t in ids if t >= limits.vocab_size), None)
-    if bad is not None:
-        raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {limits.vocab_size})")
-    if len(ids) >= limits.context_length:
-        raise InvalidRequest(
-            f"the prompt has {len(ids)} tokens; the context holds {limits.context_length}"
-        )
-    return array("q", ids)
+    validate.prompt(ids, limits.vocab_size, limits.context_length)
+    return ids
 
 
 def sampling_params(
-    params: pb.SamplingParams, prompt_len: int, limits: ModelLimits, tokenizer: Any
-) -> Any:
-    """SGLang ``SamplingParams``, normalized and verified (ValueError -> INVALID_ARGUMENT)."""
+    params: pb.SamplingParams, prompt_len: int, limits: ModelLimits
+) -> dict[str, Any]:
+    """Keyword arguments for SGLang's ``SamplingParams``, normalized and validated."""
     constraint = params.WhichOneof("constraint")
+    validate.sampling(
+        validate.Sampling(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            repetition_penalty=params.repetition_penalty,
+        )
+    )
     if len(params.stop) > MAX_STOPS or len(params.stop_token_ids) > MAX_STOPS:
         raise InvalidRequest(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop ids")
     room = limits.context_length - prompt_len
-    max_new = params.max_new_tokens if params.HasField("max_new_tokens") else room
+    max_new = params.max_new_tokens if params.HasField("max_new_tokens") else None
+    validate.max_tokens(max_new)
+    if max_new is None:
+        max_new = room
     if max_new > room:
         raise InvalidRequest(
             f"max_new_tokens {max_new} does not fit: the prompt leaves {room} of "
@@ -69,67 +112,56 @@ def sampling_params(
     bad_stop = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
     if bad_stop is not None:
         raise InvalidRequest(f"stop token id {bad_stop} is outside the vocabulary")
-    try:
-        result = sg.SamplingParams(
-            temperature=params.temperature,
-            top_p=params.top_p if params.top_p != 0.0 else 1.0,
-            top_k=params.top_k if params.top_k != 0 else -1,
-            min_p=params.min_p,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
-            repetition_penalty=params.repetition_penalty if params.repetition_penalty else 1.0,
-            max_new_tokens=max_new,
-            min_new_tokens=params.min_new_tokens,
-            stop=list(params.stop) or None,
-            stop_token_ids=set(params.stop_token_ids) or None,
-            skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens,
-            no_stop_trim=params.no_stop_trim,
-            regex=params.regex if constraint == "regex" else None,
-            json_schema=params.json_schema if constraint == "json_schema" else None,
-            ebnf=params.ebnf_grammar if constraint == "ebnf_grammar" else None,
-            structural_tag=params.structural_tag if constraint == "structural_tag" else None,
-            n=1,
-            ignore_eos=params.ignore_eos,
-            stream_interval=params.stream_interval if params.HasField("stream_interval") else None,
-            logit_bias={str(k): float(v) for k, v in params.logit_bias.items()} or None,
-            custom_params=(
-                MessageToDict(params.custom_params) if params.HasField("custom_params") else None
-            ),
-        )
-        result.verify(limits.vocab_size)
-        result.normalize(tokenizer)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest(str(exc)) from exc
-    return result
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p if params.top_p != 0.0 else 1.0,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "min_p": params.min_p,
+        "frequency_penalty": params.frequency_penalty,
+        "presence_penalty": params.presence_penalty,
+        "repetition_penalty": params.repetition_penalty if params.repetition_penalty else 1.0,
+        "max_new_tokens": max_new,
+        "min_new_tokens": params.min_new_tokens,
+        "stop": list(params.stop) or None,
+        "stop_token_ids": set(params.stop_token_ids) or None,
+        "skip_special_tokens": params.skip_special_tokens,
+        "spaces_between_special_tokens": params.spaces_between_special_tokens,
+        "no_stop_trim": params.no_stop_trim,
+        "regex": params.regex if constraint == "regex" else None,
+        "json_schema": params.json_schema if constraint == "json_schema" else None,
+        "ebnf": params.ebnf_grammar if constraint == "ebnf_grammar" else None,
+        "structural_tag": params.structural_tag if constraint == "structural_tag" else None,
+        "n": 1,
+        "ignore_eos": params.ignore_eos,
+        "stream_interval": params.stream_interval if params.HasField("stream_interval") else None,
+        "logit_bias": {str(k): float(v) for k, v in params.logit_bias.items()} or None,
+        "custom_params": (
+            MessageToDict(params.custom_params) if params.HasField("custom_params") else None
+        ),
+    }
 
 
-def internal_params(tokenizer: Any, **fields: Any) -> Any:
-    """SamplingParams for the servicer's own requests (probe, warm-up, embeddings), normalized
-    as the scheduler expects every request's to be."""
-    params = sg.SamplingParams(**fields)
-    params.normalize(tokenizer)
-    return params
-
-
-def generate_reqs(
-    request: pb.GenerateRequest, limits: ModelLimits, tokenizer: Any
-) -> tuple[list[Any], Any | None]:
-    """The scheduler requests for one ``Generate``: one, or ``n`` plus a prefix-warming request
-    (``max_new_tokens`` 0, as SGLang's own tokenizer manager does for ``n > 1``)."""
+def _check_generate(request: pb.GenerateRequest, limits: ModelLimits) -> None:
     if request.return_hidden_states:
         raise InvalidRequest("return_hidden_states is not served by this worker; ask without it")
     if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
         raise InvalidRequest("multimodal inputs are not served by this worker")
     if request.input_embeds:
         raise InvalidRequest("input_embeds are not served by this worker; send token ids")
-    if request.top_logprobs_num < 0:
-        raise InvalidRequest("top_logprobs_num must not be negative")
+    validate.logprob_count("top_logprobs_num", request.top_logprobs_num)
     bad_lp = next((t for t in request.token_ids_logprob if t >= limits.vocab_size), None)
     if bad_lp is not None:
         raise InvalidRequest(f"token_ids_logprob id {bad_lp} is outside the vocabulary")
     if not limits.is_generation:
         raise InvalidRequest("this worker serves an embedding model: use Embed")
+
+
+def generate_reqs(
+    request: pb.GenerateRequest, limits: ModelLimits
+) -> tuple[list[ReqSpec], ReqSpec | None]:
+    """The scheduler requests for one ``Generate``: one, or ``n`` plus a prefix-warming request
+    (``max_new_tokens`` 0, as SGLang's own tokenizer manager does for ``n > 1``)."""
+    _check_generate(request, limits)
     ids = prompt_ids(request.tokenized, limits)
     n = max(request.sampling_params.n, 1)
     logprob_start = request.logprob_start_len
@@ -139,39 +171,30 @@ def generate_reqs(
         raise InvalidRequest(f"logprob_start_len {logprob_start} is past the prompt")
     dp_rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
     disagg = request.disaggregated_params if request.HasField("disaggregated_params") else None
-
-    def one(rid: str, max_new: int | None = None) -> Any:
-        params = sampling_params(request.sampling_params, len(ids), limits, tokenizer)
-        if max_new is not None:
-            params.max_new_tokens = max_new
-        return sg.TokenizedGenerateReqInput(
-            rid=rid,
-            input_text=request.tokenized.original_text or None,
-            input_ids=array("q", ids),
-            input_embeds=None,
-            mm_inputs=None,
-            token_type_ids=None,
-            sampling_params=params,
-            return_logprob=request.return_logprob,
-            logprob_start_len=logprob_start,
-            top_logprobs_num=request.top_logprobs_num,
-            token_ids_logprob=list(request.token_ids_logprob) or None,
-            stream=request.stream,
-            lora_id=request.lora_id or None,
-            routed_dp_rank=dp_rank,
-            require_reasoning=request.require_reasoning,
-            bootstrap_host=disagg.bootstrap_host if disagg else None,
-            bootstrap_port=disagg.bootstrap_port if disagg and disagg.bootstrap_port else None,
-            bootstrap_room=disagg.bootstrap_room if disagg else None,
-        )
-
+    sampling = sampling_params(request.sampling_params, len(ids), limits)
+    fields = {
+        "input_text": request.tokenized.original_text or None,
+        "input_ids": ids,
+        "return_logprob": request.return_logprob,
+        "logprob_start_len": logprob_start,
+        "top_logprobs_num": request.top_logprobs_num,
+        "token_ids_logprob": list(request.token_ids_logprob) or None,
+        "stream": request.stream,
+        "lora_id": request.lora_id or None,
+        "routed_dp_rank": dp_rank,
+        "require_reasoning": request.require_reasoning,
+        "bootstrap_host": disagg.bootstrap_host if disagg else None,
+        "bootstrap_port": disagg.bootstrap_port if disagg and disagg.bootstrap_port else None,
+        "bootstrap_room": disagg.bootstrap_room if disagg else None,
+    }
     rid = request.request_id
     if n == 1:
-        return [one(rid)], None
-    return [one(f"{rid}-{i}") for i in range(n)], one(f"{rid}-prefix", max_new=0)
+        return [ReqSpec(rid, fields, sampling)], None
+    samples = [ReqSpec(f"{rid}-{i}", fields, sampling) for i in range(n)]
+    return samples, ReqSpec(f"{rid}-prefix", fields, sampling | {"max_new_tokens": 0})
 
 
-def embed_req(request: pb.EmbedRequest, limits: ModelLimits, tokenizer: Any) -> Any:
+def embed_req(request: pb.EmbedRequest, limits: ModelLimits) -> ReqSpec:
     if request.is_cross_encoder or request.texts:
         raise InvalidRequest("cross-encoder scoring is not served by this worker")
     if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
@@ -179,15 +202,13 @@ def embed_req(request: pb.EmbedRequest, limits: ModelLimits, tokenizer: Any) -> 
     ids = prompt_ids(request.tokenized, limits)
     if request.token_type_ids and len(request.token_type_ids) != len(ids):
         raise InvalidRequest("token_type_ids must be as long as input_ids")
-    return sg.TokenizedEmbeddingReqInput(
-        rid=request.request_id,
-        input_text=request.tokenized.original_text or None,
-        input_ids=ids,
-        mm_inputs=None,
-        token_type_ids=list(request.token_type_ids) or None,
-        sampling_params=internal_params(tokenizer, max_new_tokens=0),
-        routed_dp_rank=request.data_parallel_rank or None,
-    )
+    fields = {
+        "input_text": request.tokenized.original_text or None,
+        "input_ids": ids,
+        "token_type_ids": list(request.token_type_ids) or None,
+        "routed_dp_rank": request.data_parallel_rank or None,
+    }
+    return ReqSpec(request.request_id, fields, {"max_new_tokens": 0})
 
 
 # -- outputs --------------------------------------------------------------------------------

@@ -35,33 +35,12 @@ import zmq.asyncio
 
 from smg_servicer_core.errors import DeadlineExceeded, Unavailable
 from smg_servicer_sglang import _sglang as sg
+from smg_servicer_sglang.convert import Output
 
 logger = logging.getLogger(__name__)
 
 #: Silence with requests pending longer than this marks the scheduler stuck (NOT_SERVING).
 STALL_AFTER_S = 30.0
-
-
-@dataclass(slots=True)
-class Output:
-    """One request's part of one scheduler message (token ids are the new ones only)."""
-
-    token_ids: list[int]
-    finish: dict[str, Any] | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    out_logprobs: list[float] = field(default_factory=list)
-    out_logprob_ids: list[int] = field(default_factory=list)
-    out_top: list[tuple[list[float], list[int]]] = field(default_factory=list)
-    out_ids_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
-    in_logprobs: list[float | None] | None = None
-    in_logprob_ids: list[int] = field(default_factory=list)
-    in_top: list[tuple[list[float], list[int]]] = field(default_factory=list)
-    spec_accepted: int = 0
-    spec_drafts: int = 0
-    embedding: list[float] | None = None
 
 
 @dataclass(slots=True)

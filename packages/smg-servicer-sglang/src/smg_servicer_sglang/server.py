@@ -9,27 +9,46 @@ The servicer process takes the tokenizer manager's role:
    its HTTP sidecar there);
 3. serve ``SglangScheduler`` + ``grpc.health.v1`` + reflection; NOT_SERVING until a warm-up
    request went through (``--skip-server-warmup`` or ``SMG_SGLANG_SERVICER_WARMUP=off`` skip it);
-4. the engine service turns NOT_SERVING while the scheduler is silent for 30 s with requests
-   pending, and back when it answers;
-5. SIGTERM/SIGINT: NOT_SERVING, drain in-flight calls (sockets still open), fail what is left,
-   stop the schedulers (SIGTERM, 2 s, SIGKILL), exit 0;
+4. health (``grpc.health.v1`` and ``HealthCheck``) turns NOT_SERVING while the scheduler is
+   silent for 30 s with requests pending, and back when it answers (the servicer's probe);
+5. SIGTERM/SIGINT: NOT_SERVING, drain in-flight calls for up to the grace period
+   (``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``, 30 s; sockets still open), fail what
+   is left, stop the schedulers (SIGTERM, 2 s, SIGKILL), exit 0;
 6. a scheduler that exits (or signals a failure with SIGQUIT) ends the server with exit 1 within
-   about a second; a scheduler that cannot start gives exit 1, an invalid configuration exit 2.
+   about a second (core's watchdog); a scheduler that cannot start gives exit 1, an invalid
+   configuration exit 2 (core's ``ExitCode``);
+7. ``/metrics`` when ``SMG_SGLANG_SERVICER_METRICS_PORT`` (or ``--metrics-port`` of
+   ``python -m smg_servicer_sglang``) is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from smg_servicer_core.cli import (
+    SERVER_SETTINGS,
+    check_metrics_port,
+    metrics_settings,
+    start_metrics,
+)
+from smg_servicer_core.config import (
+    ResolvedSettings,
+    Setting,
+    environment,
+    parse_bool,
+    resolve,
+    setting_value,
+)
+from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
-from smg_servicer_core.server import DEFAULT_GRACE_PERIOD_S, ServerOptions, serve
+from smg_servicer_core.server import ServerOptions, serve
+from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events
 from smg_servicer_sglang.request_manager import RequestManager
@@ -38,7 +57,7 @@ from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
 logger = logging.getLogger(__name__)
 
 WARMUP_ENV = "SMG_SGLANG_SERVICER_WARMUP"
-_WARMUP_OFF = frozenset({"off", "0", "false", "no", "none"})
+WARMUP = Setting("warmup", parse_bool, True, "one warm-up request before SERVING", env=WARMUP_ENV)
 WARMUP_TIMEOUT_S = 300.0
 WATCH_INTERVAL_S = 1.0
 SCHEDULER_STOP_S = 2.0
@@ -46,11 +65,10 @@ SCHEDULER_STOP_S = 2.0
 ReadyCallback = Callable[[Any, Any, dict[str, Any]], Awaitable[None]]
 
 
-def warmup_wanted(config: Any, environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
+def warmup_wanted(config: Any, environ: Mapping[str, str] | None = None) -> bool:
     if getattr(config, "skip_server_warmup", False):
         return False
-    return env.get(WARMUP_ENV, "on").strip().lower() not in _WARMUP_OFF
+    return bool(setting_value(WARMUP, environ))
 
 
 def warmup_ids(vocab_size: int, count: int = 7) -> list[int]:
@@ -63,9 +81,10 @@ async def warm_up(servicer: SglangServicer) -> None:
     ids = warmup_ids(servicer.limits.vocab_size)
     tokenized = pb.TokenizedInput(input_ids=ids)
     if not servicer.limits.is_generation:
-        req = convert.embed_req(
-            pb.EmbedRequest(request_id="WARMUP_embed", tokenized=tokenized),
-            servicer.limits,
+        req = sg.build_embed(
+            convert.embed_req(
+                pb.EmbedRequest(request_id="WARMUP_embed", tokenized=tokenized), servicer.limits
+            ),
             servicer.tokenizer,
         )
         servicer.manager.open([req.rid])
@@ -82,13 +101,16 @@ async def warm_up(servicer: SglangServicer) -> None:
         tokenized=tokenized,
         sampling_params=pb.SamplingParams(temperature=0.0, max_new_tokens=8),
     )
-    reqs, _ = convert.generate_reqs(request, servicer.limits, servicer.tokenizer)
-    async for _ in servicer._single(request, reqs[0]):  # pyright: ignore[reportPrivateUsage]
+    specs, _ = convert.generate_reqs(request, servicer.limits)
+    req = sg.build_generate(specs[0], servicer.limits.vocab_size, servicer.tokenizer)
+    async for _ in servicer._single(request, req):  # pyright: ignore[reportPrivateUsage]
         pass
 
 
 class Schedulers:
-    """The scheduler ranks' lifecycle for ``core.server.serve``."""
+    """The scheduler ranks' lifecycle for ``core.server.serve``: core's process watchdog over the
+    ranks, a scheduler's SIGQUIT and the scheduler stream; stall transitions are logged (the
+    servicer's health probe reports them)."""
 
     def __init__(
         self, launched: sg.Launched, manager: RequestManager, servicer: SglangServicer,
@@ -101,15 +123,18 @@ class Schedulers:
         self.warmup = warmup
         self.quit_reason: str | None = None
         self._stalled = False
-        servicer.dead_reason = self.dead_reason
+        self.watchdog = Watchdog(
+            [lambda: self.quit_reason, launched.dead, lambda: manager.failed],
+            interval_s=WATCH_INTERVAL_S,
+        )
+        self.watchdog.on_tick = self._watch_stall
+        servicer.dead_reason = self.watchdog.dead_reason
 
     def on_sigquit(self) -> None:
         self.quit_reason = "a scheduler process reported a fatal error (SIGQUIT)"
 
     def dead_reason(self) -> str | None:
-        if self.quit_reason is not None:
-            return self.quit_reason
-        return self.launched.dead() or self.manager.failed
+        return self.watchdog.dead_reason()
 
     async def wait_ready(self) -> None:
         if not self.warmup:
@@ -119,12 +144,7 @@ class Schedulers:
         logger.info("warm-up request done")
 
     async def wait_dead(self) -> str:
-        while True:
-            reason = self.dead_reason()
-            if reason is not None:
-                return reason
-            self._watch_stall()
-            await asyncio.sleep(WATCH_INTERVAL_S)
+        return await self.watchdog.wait_dead()
 
     def _watch_stall(self) -> None:
         stalled = self.manager.stalled
@@ -138,7 +158,6 @@ class Schedulers:
                 )
             else:
                 logger.info("scheduler answering again: SERVING")
-        self.health.set_engine_serving(not stalled)
 
     async def shutdown(self) -> None:
         await self.manager.close()
@@ -171,7 +190,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
         port_args, config = sg.prepare(server_args)
     except (ConfigError, ValueError, TypeError) as exc:
         logger.error("invalid configuration: %s", exc)
-        return 2
+        return ExitCode.CONFIG
     # After prepare(): SGLang's launch-time SIGQUIT handler kills the whole process tree; ours
     # turns a scheduler's failure into a clean stop with exit 1.
     asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_signal)
@@ -181,7 +200,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
     except sg.SchedulerStartError as exc:
         logger.error("schedulers failed to start: %s", exc)
         await manager.close()
-        return 1
+        return ExitCode.ENGINE_DIED
     manager.start()
     try:
         facts = sg.model_facts(server_args)
@@ -190,7 +209,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
         logger.exception("start-up failed after the schedulers started")
         await manager.close()
         await asyncio.to_thread(sg.terminate, launched.processes, SCHEDULER_STOP_S, launched.pids)
-        return 1
+        return ExitCode.ENGINE_DIED
     health = HealthFrame(SERVICE_NAME)
     servicer = SglangServicer(
         manager,
@@ -209,48 +228,81 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
     return schedulers
 
 
+def servicer_settings() -> tuple[Setting[Any], ...]:
+    """The servicer's own settings (SGLang owns host, port and logging): the shared grace period
+    and the metrics flags, ``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``,
+    ``--metrics-port`` / ``SMG_SGLANG_SERVICER_METRICS_PORT``, ``--metrics-host`` / ``..._HOST``."""
+    grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
+    return (grace, *metrics_settings("sglang"))
+
+
+def resolve_settings(namespace: Any = None) -> ResolvedSettings:
+    return resolve(servicer_settings(), namespace, environment())
+
+
 async def run(
     server_args: Any,
     on_request_manager_ready: ReadyCallback | None = None,
     on_started: Callable[[int], None] | None = None,
+    settings: ResolvedSettings | None = None,
 ) -> int:
-    """Start, serve until a stop signal or scheduler death, stop. Returns the exit code."""
+    """Start, serve until a stop signal or scheduler death, stop. Returns the exit code.
+    ``settings`` are the servicer's own (:func:`servicer_settings`; default: the environment)."""
     loop = asyncio.get_running_loop()
     quit_signal = _QuitSignal()
+    try:
+        own = settings if settings is not None else resolve_settings()
+        check_metrics_port(own, int(server_args.port))
+    except ConfigError as exc:
+        logger.error("invalid configuration: %s", exc)
+        return ExitCode.CONFIG
     try:
         started = await _start(server_args, quit_signal)
         if isinstance(started, int):
             return started
-        schedulers = started
-        servicer = schedulers.servicer
-        try:
-            if on_request_manager_ready is not None:
-                await on_request_manager_ready(
-                    schedulers.manager, server_args, schedulers.launched.scheduler_info
-                )
-            options = ServerOptions(
-                host=str(servicer.config.host),
-                port=int(servicer.config.port),
-                grace_period_s=DEFAULT_GRACE_PERIOD_S,
-            )
-            return await serve(
-                [servicer.binding()],
-                schedulers.health,
-                schedulers,
-                options,
-                on_started=on_started,
-                in_flight=lambda: len(servicer.registry),
-            )
-        except ConfigError as exc:  # the port cannot be bound
-            logger.error("%s", exc)
-            await schedulers.shutdown()
-            return 2
-        except Exception:
-            logger.exception("server failed")
-            await schedulers.shutdown()
-            return 1
+        return await _serve(started, server_args, own, on_request_manager_ready, on_started)
     finally:
         loop.remove_signal_handler(signal.SIGQUIT)
+
+
+async def _serve(
+    schedulers: Schedulers,
+    server_args: Any,
+    own: ResolvedSettings,
+    on_request_manager_ready: ReadyCallback | None,
+    on_started: Callable[[int], None] | None,
+) -> int:
+    servicer = schedulers.servicer
+    try:
+        if on_request_manager_ready is not None:
+            await on_request_manager_ready(
+                schedulers.manager, server_args, schedulers.launched.scheduler_info
+            )
+        options = ServerOptions(
+            host=str(servicer.config.host),
+            port=int(servicer.config.port),
+            grace_period_s=own["grace_period_s"],
+        )
+        metrics = start_metrics(own)
+        if metrics is not None:
+            servicer.attach_metrics(metrics[0])
+        return await serve(
+            [servicer.binding()],
+            schedulers.health,
+            schedulers,
+            options,
+            on_started=on_started,
+            in_flight=lambda: len(servicer.registry),
+            metrics_server=metrics[1] if metrics else None,
+        )
+    except ConfigError as exc:  # the port cannot be bound
+        logger.error("%s", exc)
+        await schedulers.shutdown()
+        return ExitCode.CONFIG
+    except Exception:
+        logger.exception("server failed")
+        await schedulers.shutdown()
+        return ExitCode.ENGINE_DIED
 
 
 async def serve_grpc(

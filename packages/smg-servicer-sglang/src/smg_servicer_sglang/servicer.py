@@ -33,18 +33,17 @@ from smg_servicer_core.errors import (
     Unsupported,
     grpc_errors,
 )
+from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import common_pb2, sglang_scheduler_pb2_grpc
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
-from smg_servicer_core.registry import RequestRegistry
-from smg_servicer_core.rpcs import CommonRpcs
-from smg_servicer_core.server import ServiceBinding, bind_servicer
-from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events, loads
-from smg_servicer_sglang.convert import ModelLimits
-from smg_servicer_sglang.request_manager import Output, RequestManager
+from smg_servicer_sglang.convert import ModelLimits, Output
+from smg_servicer_sglang.request_manager import RequestManager
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +70,10 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return result
 
 
-class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
+class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     wire = pb
+    wire_grpc = sglang_scheduler_pb2_grpc
+    service = "SglangScheduler"
 
     def __init__(
         self,
@@ -86,13 +87,13 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         tokenizer: Any = None,
         load_reader: Any = None,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
+        metrics: ServicerMetrics | None = None,
     ) -> None:
         self.manager = manager
         self.server_args = server_args
         self.config = config
         self.scheduler_info = scheduler_info
         self.facts = facts
-        self.health = health
         self.tokenizer = tokenizer
         self.load_reader = load_reader
         self.health_timeout_s = health_timeout_s
@@ -101,18 +102,29 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
             context_length=int(facts["context_length"]),
             is_generation=bool(facts["is_generation"]),
         )
-        self.registry = RequestRegistry(self._engine_abort)
-        self.bundles = TokenizerBundleCache()
-        self.started_wall = time.time()
-        self.started = time.monotonic()
+        #: The process watchdog's verdict (set by the launcher): a reason once a scheduler died.
         self.dead_reason: Callable[[], str | None] = lambda: None
+        super().__init__(health=health, metrics=metrics)
 
-    def binding(self) -> ServiceBinding:
-        add = sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-        return bind_servicer(SERVICE_NAME, add, self)  # pyright: ignore[reportUnknownArgumentType]
-
-    async def _engine_abort(self, request_id: str) -> None:
+    async def engine_abort(self, request_id: str) -> None:
         await self.manager.abort(request_id)
+
+    def engine_loads(self) -> LoadsSource | None:
+        def read() -> EngineLoad | None:
+            include = loads.sections([])
+            rows = [loads.scheduler_load(s, include) for s in loads.read(self.load_reader)]
+            if not rows:
+                return None
+            return EngineLoad(
+                running=sum(r.num_running_reqs for r in rows),
+                waiting=sum(r.num_waiting_reqs for r in rows),
+                kv_cache_usage=max(r.token_usage for r in rows),
+            )
+
+        return read
+
+    def _build(self, spec: convert.ReqSpec) -> Any:
+        return sg.build_generate(spec, self.limits.vocab_size, self.tokenizer)
 
     # -- Generate --------------------------------------------------------------------------
 
@@ -120,7 +132,9 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        reqs, prefix = convert.generate_reqs(request, self.limits, self.tokenizer)
+        specs, prefix_spec = convert.generate_reqs(request, self.limits)
+        reqs = [self._build(spec) for spec in specs]
+        prefix = self._build(prefix_spec) if prefix_spec is not None else None
         rid = request.request_id
         async with self.registry.track(rid):
             if prefix is None:
@@ -219,7 +233,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
         if self.limits.is_generation:
             raise Unsupported("this worker serves a generative model; Embed needs an embedding one")
-        req = convert.embed_req(request, self.limits, self.tokenizer)
+        req = sg.build_embed(convert.embed_req(request, self.limits), self.tokenizer)
         rid = request.request_id
         async with self.registry.track(rid):
             self.manager.open([rid])
@@ -243,7 +257,9 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
 
     # -- health, abort ---------------------------------------------------------------------
 
-    def not_ready_reason(self) -> str | None:
+    async def probe(self) -> str | None:
+        """The cheap probe (``grpc.health.v1`` and the first step of ``HealthCheck``): a dead
+        scheduler, an unreadable scheduler stream, or a scheduler silent with requests pending."""
         dead = self.dead_reason() or self.manager.failed
         if dead:
             return dead
@@ -260,18 +276,16 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
     ) -> pb.HealthCheckResponse:
         """The deep probe: a one-token request must reach the scheduler and come back (or any
         scheduler output arrive meanwhile) within the probe timeout."""
-        if self.health.shutting_down:
-            return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
-        if (reason := self.not_ready_reason()) is not None:
+        if (reason := await self.health.reason()) is not None:
             return pb.HealthCheckResponse(healthy=False, message=reason)
-        healthy, message = await self._probe()
+        healthy, message = await self._deep_probe()
         return pb.HealthCheckResponse(healthy=healthy, message=message)
 
-    async def _probe(self) -> tuple[bool, str]:
+    async def _deep_probe(self) -> tuple[bool, str]:
         rid = f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}"
         started = time.time()
         ids = array("q", [0])
-        one_token = convert.internal_params(self.tokenizer, max_new_tokens=1, temperature=0.0)
+        one_token = sg.internal_params(self.tokenizer, max_new_tokens=1, temperature=0.0)
         if self.limits.is_generation:
             req: Any = sg.TokenizedGenerateReqInput(
                 rid=rid, input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None,
@@ -283,7 +297,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
         else:
             req = sg.TokenizedEmbeddingReqInput(
                 rid=rid, input_text=None, input_ids=ids, mm_inputs=None, token_type_ids=None,
-                sampling_params=convert.internal_params(self.tokenizer, max_new_tokens=0),
+                sampling_params=sg.internal_params(self.tokenizer, max_new_tokens=0),
             )  # fmt: skip
         wake = self.manager.open([rid])
         loop = asyncio.get_running_loop()
@@ -307,7 +321,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), min(HEALTH_POLL_S, remaining))
         except Unavailable:
-            return False, "Server is shutting down"
+            return False, "shutting down"
         finally:
             await self.manager.abort(rid, "health probe done")
             self.manager.close_states([rid])
@@ -334,39 +348,33 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
                 defaults |= {k: v for k, v in extra.items() if k in _DEFAULT_SAMPLING_KEYS}
         return defaults
 
-    @grpc_errors
-    async def GetModelInfo(
-        self, request: pb.GetModelInfoRequest, context: Context
-    ) -> pb.GetModelInfoResponse:
+    def model_facts(self) -> ModelFacts:
         args, facts = self.config, self.facts
         preferred = args.preferred_sampling_params
-        defaults = self._default_sampling()
-        return pb.GetModelInfoResponse(
+        return ModelFacts(
             model_path=str(args.model_path),
-            tokenizer_path=str(args.tokenizer_path or ""),
-            is_generation=bool(facts["is_generation"]),
-            preferred_sampling_params=(
-                preferred if isinstance(preferred, str) else json.dumps(preferred or {})
-            )
-            if preferred
-            else "",
-            weight_version=str(getattr(args, "weight_version", "") or "default"),
-            served_model_name=str(args.served_model_name or args.model_path),
+            vocab_size=self.limits.vocab_size,
             # The model's context window (not the KV pool's capacity).
             max_context_length=self.limits.context_length,
-            vocab_size=self.limits.vocab_size,
+            tokenizer_path=str(args.tokenizer_path or ""),
+            is_generation=self.limits.is_generation,
+            preferred_sampling_params=(
+                (preferred if isinstance(preferred, str) else json.dumps(preferred))
+                if preferred
+                else ""
+            ),
+            weight_version=str(getattr(args, "weight_version", "") or "default"),
+            served_model_name=str(args.served_model_name or args.model_path),
             supports_vision=bool(facts["supports_vision"]),
             model_type=str(facts["model_type"]),
-            eos_token_ids=list(facts["eos_token_ids"]),
+            eos_token_ids=tuple(facts["eos_token_ids"]),
             pad_token_id=int(facts["pad_token_id"]),
             bos_token_id=int(facts["bos_token_id"]),
-            max_req_input_len=int(
-                self.scheduler_info.get("max_req_input_len") or self.limits.context_length
-            ),
-            architectures=list(facts["architectures"]),
-            id2label_json=json.dumps(facts["id2label"]) if facts["id2label"] else "",
+            max_req_input_len=int(self.scheduler_info.get("max_req_input_len") or 0),
+            architectures=tuple(facts["architectures"]),
+            id2label=dict(facts["id2label"] or {}),
             num_labels=int(facts["num_labels"]),
-            default_sampling_params_json=json.dumps(defaults) if defaults else "",
+            default_sampling_params=self._default_sampling(),
         )
 
     @grpc_errors
@@ -381,7 +389,7 @@ class SglangServicer(CommonRpcs, sglang_scheduler_pb2_grpc.SglangSchedulerServic
             active_requests=len(self.registry),
             is_paused=False,
             last_receive_timestamp=self.manager.last_receive,
-            uptime_seconds=time.monotonic() - self.started,
+            uptime_seconds=self.uptime_s(),
             sglang_version=sg.SGLANG_VERSION,
             server_type=SERVER_TYPE,
             start_time=start,

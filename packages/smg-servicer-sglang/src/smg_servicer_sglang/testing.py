@@ -7,8 +7,9 @@ overrides) and fails loudly with the install hint when it is missing.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from smg_servicer_core.config import Setting, setting_value
 
 #: SGLang's CPU code paths (``is_cpu()``); without it RotaryEmbedding imports vLLM's CUDA ops.
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
@@ -39,6 +40,9 @@ ENGINE_KWARGS: dict[str, object] = {
 }
 
 INSTALL_HINT = "bash tools/envs/sglang-cpu/install.sh"
+SGLANG_PYTHON = Setting(
+    "sglang_python", str, "", "the SGLang environment's python", env="SMG_SGLANG_PYTHON"
+)
 
 
 def repo_root() -> Path:
@@ -47,7 +51,7 @@ def repo_root() -> Path:
 
 def sglang_python() -> Path:
     """The SGLang test environment's interpreter; RuntimeError with the fix when missing."""
-    override = os.environ.get("SMG_SGLANG_PYTHON")
+    override = setting_value(SGLANG_PYTHON)
     path = Path(override) if override else repo_root() / ".venv-sglang" / "bin" / "python"
     if not path.exists():
         raise RuntimeError(f"the SGLang test environment is missing ({path}): run {INSTALL_HINT}")

@@ -6,15 +6,19 @@ the exception's MRO, so the most specific entry wins.
 - ``GracefulHTTPError`` (queue overflow, busy profiler, ...) -> its HTTP status through core's
   table;
 - ``VLLMNotFoundError`` (unknown LoRA, ...) -> NOT_FOUND;
-- ``VLLMValidationError``, ``VLLMClientError``, ``ValueError``, ``TypeError`` -> INVALID_ARGUMENT;
-- anything else is left alone: core turns it into INTERNAL with a generic message.
+- ``VLLMValidationError``, ``VLLMClientError`` -> INVALID_ARGUMENT, wherever they are raised;
+- ``ValueError``, ``TypeError`` -> INVALID_ARGUMENT **only while the request is being built**
+  (our ``SamplingParams`` construction, and vLLM's own checks before it accepts the request:
+  :attr:`Translated.building_request`). Raised later, in the output stream, they are a server
+  fault and stay unmapped;
+- anything else is left alone: core turns it into INTERNAL with a generic message and the
+  request id, the traceback in the log.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from collections.abc import Callable
+from types import TracebackType
 
 from smg_servicer_core.errors import (
     InvalidRequest,
@@ -24,7 +28,9 @@ from smg_servicer_core.errors import (
     from_http_status,
 )
 
-_TABLE: dict[str, Callable[[BaseException], ServicerError]] = {
+_Make = Callable[[BaseException], ServicerError]
+
+_TABLE: dict[str, _Make] = {
     "EngineDeadError": lambda e: Unavailable("the engine is not running; retry elsewhere"),
     "GracefulHTTPError": lambda e: from_http_status(
         getattr(e, "http_status", 500), str(getattr(e, "message", "") or e)
@@ -32,12 +38,15 @@ _TABLE: dict[str, Callable[[BaseException], ServicerError]] = {
     "VLLMNotFoundError": lambda e: NotFound(str(e)),
     "VLLMValidationError": lambda e: InvalidRequest(str(e)),
     "VLLMClientError": lambda e: InvalidRequest(str(e)),
+}
+#: Only while the request is being built: afterwards these are bugs, not client mistakes.
+_REQUEST_TABLE: dict[str, _Make] = {
     "ValueError": lambda e: InvalidRequest(str(e)),
     "TypeError": lambda e: InvalidRequest(f"invalid request: {e}"),
 }
 
 
-def translate(exc: BaseException) -> BaseException:
+def translate(exc: BaseException, *, building_request: bool = True) -> BaseException:
     """The servicer error for ``exc`` (or ``exc`` itself when nothing in the table matches)."""
     if isinstance(exc, ServicerError):
         return exc
@@ -45,20 +54,36 @@ def translate(exc: BaseException) -> BaseException:
         exc = exc.__cause__
     for cls in type(exc).__mro__:
         make = _TABLE.get(cls.__name__)
+        if make is None and building_request:
+            make = _REQUEST_TABLE.get(cls.__name__)
         if make is not None:
             return make(exc)
     return exc
 
 
-@contextmanager
-def translated() -> Generator[None]:
-    """Re-raise engine exceptions as servicer errors (the original chained as the cause)."""
-    try:
-        yield
-    except (ServicerError, asyncio.CancelledError):
-        raise
-    except Exception as exc:
-        mapped = translate(exc)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+class Translated:
+    """``with translated() as stage:`` re-raises engine exceptions as servicer errors (the
+    original chained as the cause). Set ``stage.building_request = False`` once the engine has
+    accepted the request."""
+
+    def __init__(self, building_request: bool = True) -> None:
+        self.building_request = building_request
+
+    def __enter__(self) -> Translated:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not isinstance(exc, Exception) or isinstance(exc, ServicerError):
+            return  # nothing raised, a servicer error, or cancellation / GeneratorExit
+        mapped = translate(exc, building_request=self.building_request)
+        if mapped is not exc:
+            raise mapped from exc
+
+
+def translated(*, building_request: bool = True) -> Translated:
+    return Translated(building_request)

@@ -1,54 +1,70 @@
 """``VllmHealthServicer(async_llm)``: the ``grpc.health.v1`` servicer vLLM's launcher registers.
 
-SERVING for ``""`` and ``vllm.grpc.engine.VllmEngine`` while ``await async_llm.check_health()``
-succeeds; NOT_SERVING when it raises (logged once per outage) and, for good, after
-``set_not_serving()`` (the launcher calls it when shutdown starts). ``set_not_serving`` is a plain
-method because the launcher calls it synchronously.
+vLLM's launcher builds it and :class:`~smg_servicer_vllm.servicer.VllmEngineServicer` separately
+from the same ``AsyncLLM``; both read one :class:`~smg_servicer_core.health.HealthFrame` per engine
+(:func:`health_for`), so ``grpc.health.v1`` ``Check``/``Watch`` and the engine's ``HealthCheck``
+always agree: SERVING while ``await async_llm.check_health()`` passes, NOT_SERVING while it fails
+(SERVING again when it recovers) and, for good, from ``set_not_serving()`` on (the launcher calls
+it when shutdown starts, synchronously).
 """
 
 from __future__ import annotations
 
-import logging
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc.aio
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 
-logger = logging.getLogger(__name__)
-
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+ENGINE_DEAD = "Engine is not alive"
+
+_FRAMES: weakref.WeakKeyDictionary[Any, HealthFrame] = weakref.WeakKeyDictionary()
 
 
-class VllmHealthServicer(HealthFrame):
+def _probe_for(async_llm: Any) -> Any:
+    async def probe() -> str | None:
+        if getattr(async_llm, "errored", False):
+            return ENGINE_DEAD
+        try:
+            await async_llm.check_health()
+        except Exception:
+            return ENGINE_DEAD
+        return None
+
+    return probe
+
+
+def health_for(async_llm: Any) -> HealthFrame:
+    """The one health state of ``async_llm`` (created SERVING on first use: vLLM's launcher
+    builds its servicers once the engine has started)."""
+    frame = _FRAMES.get(async_llm)
+    if frame is None:
+        frame = HealthFrame(SERVICE_NAME, probe=_probe_for(async_llm))
+        frame.set_serving()
+        _FRAMES[async_llm] = frame
+    return frame
+
+
+class VllmHealthServicer(health_pb2_grpc.HealthServicer):
     def __init__(self, async_llm: Any) -> None:
-        super().__init__(SERVICE_NAME)
         self.async_llm = async_llm
-        self._outage_logged = False
-        self.set_serving()
+        self.frame = health_for(async_llm)
 
     def set_not_serving(self) -> None:
-        self.enter_shutdown()
-
-    async def _engine_healthy(self) -> bool:
-        try:
-            await self.async_llm.check_health()
-        except Exception as exc:
-            if not self._outage_logged:
-                logger.warning("engine health check failed: %s", type(exc).__name__)
-                self._outage_logged = True
-            return False
-        self._outage_logged = False
-        return True
+        self.frame.enter_shutdown()
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthCheckResponse:
-        response = await super().Check(request, context)
-        if response.status == health_pb2.HealthCheckResponse.SERVING and not (
-            await self._engine_healthy()
-        ):
-            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
-        return response
+        return await self.frame.Check(request, context)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        async for response in self.frame.Watch(request, context):
+            yield response

@@ -6,17 +6,25 @@ Duck-typed over vLLM's ``AsyncLLM`` (``model_config``, ``vllm_config``, ``logger
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.loads import LoadSnapshot
+from smg_servicer_core.metrics import EngineLoad
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 
 SERVER_TYPE = "vllm-grpc"
 _DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+PAIRING_PROTOCOL = Setting(
+    "pairing_protocol",
+    str.strip,
+    "",
+    "the PD pairing protocol GetServerInfo advertises",
+    env="SMG_PAIRING_PROTOCOL",
+)
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -36,7 +44,7 @@ def _eos_ids(hf_config: Any) -> list[int]:
     return []
 
 
-def default_sampling_json(model_config: Any) -> str:
+def default_sampling(model_config: Any) -> dict[str, Any]:
     getter: Any = getattr(model_config, "get_diff_sampling_param", None)
     params: Mapping[str, Any] = {}
     try:
@@ -44,32 +52,29 @@ def default_sampling_json(model_config: Any) -> str:
             params = cast(Mapping[str, Any], getter())
     except Exception:  # a generation_config.json vLLM cannot read: advertise nothing
         params = {}
-    chosen = {k: params[k] for k in _DEFAULT_SAMPLING_KEYS if k in params}
-    return json.dumps(chosen, separators=(",", ":")) if chosen else ""
+    return {k: params[k] for k in _DEFAULT_SAMPLING_KEYS if k in params}
 
 
-def model_info(engine: Any) -> pb.GetModelInfoResponse:
+def model_facts(engine: Any) -> ModelFacts:
     mc = engine.model_config
     hf = getattr(mc, "hf_config", None)
-    max_len = int(getattr(mc, "max_model_len", 0) or 0)
     served = getattr(mc, "served_model_name", None) or mc.model
     if isinstance(served, list | tuple):
         served = served[0]  # pyright: ignore[reportUnknownVariableType]
-    return pb.GetModelInfoResponse(
+    return ModelFacts(
         model_path=str(mc.model),
-        is_generation=getattr(mc, "runner_type", "generate") == "generate",
-        max_context_length=max_len,
-        max_req_input_len=max_len,
         vocab_size=int(mc.get_vocab_size()),
+        max_context_length=int(getattr(mc, "max_model_len", 0) or 0),
+        is_generation=getattr(mc, "runner_type", "generate") == "generate",
         supports_vision=bool(getattr(mc, "is_multimodal_model", False)),
         served_model_name=str(served),  # pyright: ignore[reportUnknownArgumentType]
         tokenizer_path=str(getattr(mc, "tokenizer", "") or ""),
         model_type=str(getattr(hf, "model_type", "") or ""),
-        architectures=list(getattr(hf, "architectures", None) or []),
-        eos_token_ids=_eos_ids(hf),
+        architectures=tuple(getattr(hf, "architectures", None) or ()),
+        eos_token_ids=tuple(_eos_ids(hf)),
         pad_token_id=int(getattr(hf, "pad_token_id", 0) or 0),
         bos_token_id=int(getattr(hf, "bos_token_id", 0) or 0),
-        default_sampling_params_json=default_sampling_json(mc),
+        default_sampling_params=default_sampling(mc),
     )
 
 
@@ -101,7 +106,7 @@ def server_info(engine: Any, active: int, uptime_s: float) -> pb.GetServerInfoRe
         block_size=int(_get(vc, "cache_config", "block_size", default=0)),
         attention_backend=str(_get(vc, "attention_config", "backend", default="") or ""),
         model_dtype=dtype,
-        pairing_protocol=os.environ.get("SMG_PAIRING_PROTOCOL", "").strip(),
+        pairing_protocol=setting_value(PAIRING_PROTOCOL),
         max_num_seqs=int(_get(vc, "scheduler_config", "max_num_seqs", default=0)),
         multimodal_encoder_dtype=(
             encoder_dtype if encoder_dtype in ("float32", "float16", "bfloat16") else ""
@@ -163,3 +168,15 @@ def loads(
             max_running_requests=max_seqs,
         )
     return response
+
+
+def engine_load(response: pb.GetLoadsResponse) -> EngineLoad | None:
+    """The engine gauges of ``/metrics``: running and waiting summed over ranks, KV usage the
+    highest rank's."""
+    if not response.loads:
+        return None
+    return EngineLoad(
+        running=sum(r.num_running_reqs for r in response.loads),
+        waiting=sum(r.num_waiting_reqs for r in response.loads),
+        kv_cache_usage=max(r.token_usage for r in response.loads),
+    )

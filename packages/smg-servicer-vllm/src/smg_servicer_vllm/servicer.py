@@ -8,6 +8,11 @@ streaming, one ``complete`` per choice with every id. ``Abort`` and a client can
 request exactly once (core's registry); an aborted stream ends with the ``complete`` vLLM reports
 (``finish_reason="abort"``), or with status ABORTED when the engine reported nothing.
 
+Health is the engine's one :class:`~smg_servicer_core.health.HealthFrame`, shared with the
+``VllmHealthServicer`` the launcher registers (``health_servicer.health_for``).
+Metrics: ``SMG_VLLM_SERVICER_METRICS_PORT`` / ``_HOST`` (vLLM's launcher owns the command line)
+start ``/metrics`` when the servicer is built; a launcher may pass ``metrics=`` instead.
+
 Constructing it freezes the process's start-up heap (``smg_servicer_core.gcheap``): vLLM's launcher
 builds it after AsyncLLM has started, and without the freeze every full garbage collection walks
 vLLM's ~610,000 start-up objects (a 340 ms stall of every stream here).
@@ -18,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc.aio
 
+from smg_servicer_core import validate
+from smg_servicer_core.cli import metrics_settings, start_metrics
+from smg_servicer_core.config import environment, resolve
 from smg_servicer_core.errors import (
     Aborted,
     DeadlineExceeded,
@@ -33,17 +40,17 @@ from smg_servicer_core.errors import (
     Unsupported,
     grpc_errors,
 )
+from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.gcheap import freeze_startup_heap
-from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.loads import LoadTracker
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, MetricsServer, ServicerMetrics
 from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
-from smg_servicer_core.registry import RequestRegistry
-from smg_servicer_core.rpcs import CommonRpcs
-from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
 from smg_servicer_vllm.errors import translated
+from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -72,30 +79,48 @@ class _Choice:
     done: bool = False
 
 
-class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
-    wire = pb
+def metrics_from_environment() -> tuple[ServicerMetrics, MetricsServer] | None:
+    """``/metrics`` when ``SMG_VLLM_SERVICER_METRICS_PORT`` is set (else None, no port opened)."""
+    return start_metrics(resolve(metrics_settings("vllm"), None, environment()))
 
-    def __init__(self, async_llm: Any, start_time: float, mm_settings: Any = None) -> None:
+
+class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer):
+    wire = pb
+    wire_grpc = vllm_engine_pb2_grpc
+    service = "VllmEngine"
+
+    def __init__(
+        self,
+        async_llm: Any,
+        start_time: float,
+        mm_settings: Any = None,
+        *,
+        metrics: ServicerMetrics | None = None,
+    ) -> None:
         self.engine = async_llm
         self.start_time = start_time
         self.mm_settings = mm_settings
-        self.health = HealthFrame(SERVICE_NAME)
-        self.health.set_serving()
-        self.registry = RequestRegistry(self._abort_in_engine)
-        self.bundles = TokenizerBundleCache()
         self.loads = LoadTracker()
-        self.started = time.monotonic()
+        self.metrics_server: MetricsServer | None = None
+        if metrics is None and (started := metrics_from_environment()) is not None:
+            metrics, self.metrics_server = started
+        super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()
         freeze_startup_heap()
         logger.info("VllmEngineServicer initialized (mm_processor=none)")
 
-    async def _abort_in_engine(self, request_id: str) -> None:
+    async def engine_abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
 
-    # CommonRpcs --------------------------------------------------------------------------------
+    def engine_loads(self) -> LoadsSource | None:
+        def read() -> EngineLoad | None:
+            snapshot = self.loads.snapshot()
+            return info.engine_load(info.loads(self.engine, snapshot, None, _engine.VLLM_VERSION))
 
-    def not_ready_reason(self) -> str | None:
-        return "Engine is not alive" if self.engine.errored else None
+        return read
+
+    def model_facts(self) -> ModelFacts:
+        return info.model_facts(self.engine)
 
     def tokenizer_dir(self) -> str | None:
         return str(getattr(self.engine.model_config, "tokenizer", "") or "") or None
@@ -112,11 +137,8 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
         kind = request.WhichOneof("input")
         if kind == "tokenized":
             ids = list(request.tokenized.input_ids)
-            if not ids:
-                raise InvalidRequest("the prompt is empty")
-            vocab = int(self.engine.model_config.get_vocab_size())
-            if max(ids) >= vocab:
-                raise InvalidRequest(f"token id {max(ids)} is outside the vocabulary ({vocab})")
+            mc = self.engine.model_config
+            validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
             return _engine.tokens_prompt(ids, request.tokenized.original_text)
         if kind == "text" and request.text:
             return request.text
@@ -128,7 +150,7 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         prompt = self._prompt(request)
         spec = to_sampling_spec(request.sampling_params)
-        with translated():
+        with translated(building_request=True):
             params = _engine.sampling_params(
                 spec, stream=request.stream, kv_transfer=kv_transfer_params(request)
             )
@@ -144,8 +166,9 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
                     request.data_parallel_rank if request.HasField("data_parallel_rank") else None
                 ),
             )
-            with translated():
+            with translated() as stage:
                 async for output in stream:
+                    stage.building_request = False  # vLLM accepted the request
                     for response in self._responses(output, request.stream, spec, choices):
                         yield response
             if handle.aborted and not all(c.done for c in choices.values()):
@@ -215,10 +238,11 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
             raise InvalidRequest("Embed needs tokenized input")
         final: Any = None
         async with self.registry.track(request.request_id):
-            with translated():
+            with translated() as stage:
                 async for output in self.engine.encode(
                     _engine.tokens_prompt(ids), _engine.embed_params(), request.request_id
                 ):
+                    stage.building_request = False
                     final = output
         if final is None or not getattr(final, "finished", True):
             raise ServicerError("the engine returned no embedding")
@@ -229,16 +253,10 @@ class VllmEngineServicer(CommonRpcs, vllm_engine_pb2_grpc.VllmEngineServicer):
     # Information -------------------------------------------------------------------------------
 
     @grpc_errors
-    async def GetModelInfo(
-        self, request: pb.GetModelInfoRequest, context: Context
-    ) -> pb.GetModelInfoResponse:
-        return info.model_info(self.engine)
-
-    @grpc_errors
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: Context
     ) -> pb.GetServerInfoResponse:
-        return info.server_info(self.engine, len(self.registry), time.monotonic() - self.started)
+        return info.server_info(self.engine, len(self.registry), self.uptime_s())
 
     @grpc_errors
     async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:

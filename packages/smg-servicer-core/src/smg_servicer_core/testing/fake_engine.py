@@ -76,6 +76,8 @@ class FakeEngine:
         self.shutdown_calls = 0
         self._dead: asyncio.Future[str] | None = None
         self._ready = asyncio.Event()
+        #: A reason here makes the health probe fail (None: healthy).
+        self.unhealthy: str | None = None
 
     # lifecycle -----------------------------------------------------------------------------
 

@@ -8,22 +8,21 @@ router speaks; an engine package's own servicer follows the same recipe.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc.aio
 
+from smg_servicer_core import validate
 from smg_servicer_core.errors import Aborted, InvalidRequest, grpc_errors
+from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.loads import LoadTracker
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import mlx_engine_pb2, mlx_engine_pb2_grpc
-from smg_servicer_core.registry import RequestRegistry
-from smg_servicer_core.rpcs import CommonRpcs
-from smg_servicer_core.server import ServiceBinding, bind_servicer
+from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.testing.fake_engine import FakeEngine
-from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
 
 pb = mlx_engine_pb2
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -35,32 +34,35 @@ def validate_prompt(request: pb.GenerateRequest, vocab_size: int, max_context: i
     if request.WhichOneof("input") != "tokenized":
         raise InvalidRequest("this servicer takes tokenized input only")
     ids = list(request.tokenized.input_ids)
-    if not ids:
-        raise InvalidRequest("the prompt is empty")
-    if max(ids) >= vocab_size:
-        raise InvalidRequest(f"token id {max(ids)} is outside the vocabulary ({vocab_size})")
-    if len(ids) >= max_context:
-        raise InvalidRequest(f"prompt of {len(ids)} tokens exceeds the context ({max_context})")
+    validate.prompt(ids, vocab_size, max_context)
     return ids
 
 
-class FakeEngineServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
+class FakeEngineServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
     wire = pb
+    wire_grpc = mlx_engine_pb2_grpc
+    service = "MlxEngine"
 
     def __init__(
-        self, engine: FakeEngine, health: HealthFrame, tokenizer_path: str | Path | None = None
+        self,
+        engine: FakeEngine,
+        health: HealthFrame,
+        tokenizer_path: str | Path | None = None,
+        metrics: ServicerMetrics | None = None,
     ) -> None:
         self.engine = engine
-        self.health = health
         self.tokenizer_path = tokenizer_path
-        self.registry = RequestRegistry(engine.abort)
-        self.bundles = TokenizerBundleCache()
         self.loads = LoadTracker()
-        self.started = time.monotonic()
+        super().__init__(health=health, metrics=metrics)
 
-    def binding(self) -> ServiceBinding:
-        add = mlx_engine_pb2_grpc.add_MlxEngineServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-        return bind_servicer(SERVICE_NAME, add, self)  # pyright: ignore[reportUnknownArgumentType]
+    async def engine_abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def engine_loads(self) -> LoadsSource | None:
+        def read() -> EngineLoad:
+            return EngineLoad(running=len(self.registry), waiting=0, kv_cache_usage=0.0)
+
+        return read
 
     @grpc_errors
     async def Generate(
@@ -68,6 +70,7 @@ class FakeEngineServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         prompt = validate_prompt(request, self.engine.vocab_size, self.engine.max_context)
         params = request.sampling_params
+        validate.max_tokens(params.max_tokens if params.HasField("max_tokens") else None)
         room = self.engine.max_context - len(prompt)
         max_tokens = min(params.max_tokens, room) if params.HasField("max_tokens") else room
         stops = list(params.stop_token_ids)
@@ -101,27 +104,23 @@ class FakeEngineServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
             )
         )
 
-    def not_ready_reason(self) -> str | None:
+    async def probe(self) -> str | None:
+        if self.engine.unhealthy is not None:
+            return self.engine.unhealthy
         return None if self.engine.ready else "engine starting"
 
     def tokenizer_dir(self) -> str | Path | None:
         return self.tokenizer_path
 
-    @grpc_errors
-    async def GetModelInfo(
-        self, request: pb.GetModelInfoRequest, context: Context
-    ) -> pb.GetModelInfoResponse:
+    def model_facts(self) -> ModelFacts:
         path = str(self.tokenizer_path or "fake-model")
-        return pb.GetModelInfoResponse(
+        return ModelFacts(
             model_path=path,
-            served_model_name=path,
-            is_generation=True,
-            max_context_length=self.engine.max_context,
-            max_req_input_len=self.engine.max_context,
             vocab_size=self.engine.vocab_size,
+            max_context_length=self.engine.max_context,
             model_type="fake",
-            architectures=["FakeForCausalLM"],
-            eos_token_ids=list(self.engine.eos_token_ids),
+            architectures=("FakeForCausalLM",),
+            eos_token_ids=tuple(self.engine.eos_token_ids),
         )
 
     @grpc_errors
@@ -131,5 +130,5 @@ class FakeEngineServicer(CommonRpcs, mlx_engine_pb2_grpc.MlxEngineServicer):
         return pb.GetServerInfoResponse(
             server_type="fake-grpc",
             active_requests=len(self.registry),
-            uptime_seconds=time.monotonic() - self.started,
+            uptime_seconds=self.uptime_s(),
         )
