@@ -163,3 +163,14 @@ async def test_reflection_lists_engine_health_and_reflection(stack) -> None:
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     }
+
+
+@pytest.mark.contract
+async def test_the_shared_bad_requests_are_refused_with_their_messages(stack) -> None:
+    from smg_servicer_core.testing.bad_requests import assert_refused_alike
+
+    engine = stack.engine
+    ran = await assert_refused_alike(
+        stack.stub, "mlx", vocab_size=engine.vocab_size, context_length=engine.max_context
+    )
+    assert ran == 11

@@ -224,8 +224,8 @@ class ServicerMetrics(Collector):
         self.kv_batches += 1
         self.kv_events += events
 
-    def kv_drops(self, reasons: Counter[str]) -> None:
-        self.kv_dropped.update(reasons)
+    def kv_drop(self, reason: str) -> None:
+        self.kv_dropped[reason] += 1
 
     def kv_replay(self) -> None:
         self.kv_replays += 1

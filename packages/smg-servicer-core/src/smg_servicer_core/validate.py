@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from smg_servicer_core.errors import InvalidRequest
 
@@ -64,6 +65,22 @@ class Sampling:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 0.0
+
+    @classmethod
+    def of(cls, params: Any) -> Sampling:
+        """The values of a wire's ``SamplingParams`` message (every wire names them alike);
+        an ``optional`` temperature that is unset reads None."""
+        field = params.DESCRIPTOR.fields_by_name["temperature"]
+        unset = field.has_presence and not params.HasField("temperature")
+        return cls(
+            temperature=None if unset else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            repetition_penalty=params.repetition_penalty,
+        )
 
 
 def _finite(name: str, value: float, rule: str) -> None:

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from smg_servicer_core.proto import common_pb2 as pb
@@ -99,10 +99,17 @@ def as_fields(event: Any) -> tuple[str, Mapping[str, Any]]:
 
 
 class Normalizer:
-    def __init__(self) -> None:
+    def __init__(self, on_drop: Callable[[str], None] | None = None) -> None:
         self.next_event_id = 0
         self.dropped: Counter[str] = Counter()
         self.non_main_groups: set[int] = set()
+        #: Called with the reason of every dropped event (metrics).
+        self.on_drop = on_drop
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        if self.on_drop is not None:
+            self.on_drop(reason)
 
     def convert(self, events: list[Any]) -> list[pb.KvCacheEvent]:
         out: list[pb.KvCacheEvent] = []
@@ -112,10 +119,10 @@ class Normalizer:
             try:
                 converted = self._one(event)
             except Dropped as drop:
-                self.dropped[drop.reason] += 1
+                self._drop(drop.reason)
                 continue
             except (TypeError, ValueError, KeyError):
-                self.dropped["malformed"] += 1
+                self._drop("malformed")
                 continue
             converted.event_id = event_id
             out.append(converted)

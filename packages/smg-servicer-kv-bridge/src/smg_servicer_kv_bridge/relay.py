@@ -41,6 +41,7 @@ import zmq
 import zmq.asyncio
 
 from smg_servicer_core.errors import DataLoss, OutOfRange, Unsupported
+from smg_servicer_core.metrics import ServicerMetrics
 from smg_servicer_core.proto import common_pb2 as pb
 from smg_servicer_kv_bridge.normalize import Normalizer
 from smg_servicer_kv_bridge.wire import (
@@ -112,6 +113,7 @@ class KvRelay:
         max_replay: int = MAX_REPLAY,
         load_source: LoadSource | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        metrics: ServicerMetrics | None = None,
     ) -> None:
         self.sources = list(sources)
         self.context = context or zmq.asyncio.Context.instance()
@@ -119,12 +121,31 @@ class KvRelay:
         self.max_replay = max_replay
         self.load_source = load_source
         self.heartbeat_s = heartbeat_s
-        self.normalizer = Normalizer()
+        self.metrics = metrics
+        self.normalizer = Normalizer(on_drop=metrics.kv_drop if metrics is not None else None)
         self.stats = RelayStats()
         self._started = False
         self._load_sample = 0
 
     async def stream(self, start_seq: int = 0) -> AsyncIterator[pb.KvEventBatch]:
+        if self.metrics is None:
+            async for batch in self._stream(start_seq):
+                yield batch
+            return
+        self.metrics.kv_opened()
+        try:
+            async for batch in self._stream(start_seq):
+                yield batch
+        except OutOfRange:
+            self.metrics.kv_reset("out_of_range")
+            raise
+        except DataLoss:
+            self.metrics.kv_reset("data_loss")
+            raise
+        finally:
+            self.metrics.kv_closed()
+
+    async def _stream(self, start_seq: int) -> AsyncIterator[pb.KvEventBatch]:
         if not self.sources:
             raise Unsupported("no KV-event publisher is configured on this engine")
         if start_seq and len(self.sources) > 1:
@@ -244,6 +265,8 @@ class KvRelay:
         rank.overlap_floor = start
         rank.cursor = replies[-1][0]
         self.stats.replayed += len(replies)
+        if self.metrics is not None:
+            self.metrics.kv_replay()
         for seq, payload in replies[1:] if first_is_known else replies:
             yield self._to_proto(rank, decode_payload(seq, payload))
 
@@ -288,6 +311,8 @@ class KvRelay:
         load = self._load(rank.source.rank)
         if load is not None:
             message.load.CopyFrom(load)
+        if self.metrics is not None:
+            self.metrics.kv_batch(len(message.events))
         return message
 
     def _load(self, rank: int) -> pb.EngineLoad | None:
@@ -321,13 +346,14 @@ async def subscribe(
     start_seq: int,
     off_hint: str,
     load_source: LoadSource | None = None,
+    metrics: ServicerMetrics | None = None,
 ) -> AsyncIterator[pb.KvEventBatch]:
     """``SubscribeKvEvents`` for a servicer: UNIMPLEMENTED with ``off_hint`` when the engine
     publishes no ZMQ KV events (``sources`` None; the router falls back to GetLoads), else one
-    relay over every rank from ``start_seq``."""
+    relay over every rank from ``start_seq``, reporting to ``metrics`` when given."""
     if sources is None:
         raise Unsupported(off_hint)
     logger.info("KV-event subscription opened (start=%d, ranks=%d)", start_seq, len(sources))
-    relay = KvRelay(sources, load_source=load_source)
+    relay = KvRelay(sources, load_source=load_source, metrics=metrics)
     async for batch in relay.stream(start_seq):
         yield batch

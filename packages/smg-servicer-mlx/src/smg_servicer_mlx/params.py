@@ -66,17 +66,7 @@ def to_params(
     prompt = _prompt(request, limits, tokenize)
     sp = request.sampling_params
     temperature = sp.temperature if sp.HasField("temperature") else DEFAULT_TEMPERATURE
-    validate.sampling(
-        validate.Sampling(
-            temperature=temperature,
-            top_p=sp.top_p,
-            top_k=sp.top_k,
-            min_p=sp.min_p,
-            frequency_penalty=sp.frequency_penalty,
-            presence_penalty=sp.presence_penalty,
-            repetition_penalty=sp.repetition_penalty,
-        )
-    )
+    validate.sampling(validate.Sampling.of(sp))
     validate.max_tokens(sp.max_tokens if sp.HasField("max_tokens") else None)
     validate.logprob_count("logprobs", sp.logprobs if sp.HasField("logprobs") else None)
     room = limits.max_context - len(prompt)

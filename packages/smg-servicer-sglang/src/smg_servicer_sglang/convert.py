@@ -86,17 +86,7 @@ def sampling_params(
 ) -> dict[str, Any]:
     """Keyword arguments for SGLang's ``SamplingParams``, normalized and validated."""
     constraint = params.WhichOneof("constraint")
-    validate.sampling(
-        validate.Sampling(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            min_p=params.min_p,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
-            repetition_penalty=params.repetition_penalty,
-        )
-    )
+    validate.sampling(validate.Sampling.of(params))
     if len(params.stop) > MAX_STOPS or len(params.stop_token_ids) > MAX_STOPS:
         raise InvalidRequest(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop ids")
     room = limits.context_length - prompt_len
@@ -148,7 +138,7 @@ def _check_generate(request: pb.GenerateRequest, limits: ModelLimits) -> None:
         raise InvalidRequest("multimodal inputs are not served by this worker")
     if request.input_embeds:
         raise InvalidRequest("input_embeds are not served by this worker; send token ids")
-    validate.logprob_count("top_logprobs_num", request.top_logprobs_num)
+    validate.logprob_count("logprobs", request.top_logprobs_num)
     bad_lp = next((t for t in request.token_ids_logprob if t >= limits.vocab_size), None)
     if bad_lp is not None:
         raise InvalidRequest(f"token_ids_logprob id {bad_lp} is outside the vocabulary")

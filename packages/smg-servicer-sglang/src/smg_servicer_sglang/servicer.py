@@ -462,7 +462,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.config, self.manager.dp_size)
         start = request.start_sequence_number
-        async for batch in subscribe(sources, start, _KV_OFF, self._load_record):
+        async for batch in subscribe(sources, start, _KV_OFF, self._load_record, self.metrics):
             yield batch
 
     def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:

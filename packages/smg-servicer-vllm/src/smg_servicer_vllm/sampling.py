@@ -4,8 +4,10 @@ proto3 "unset" rules: ``temperature``, ``max_tokens``, ``logprobs``, ``prompt_lo
 ``seed`` and ``truncate_prompt_tokens`` are ``optional`` (absent = vLLM's default); among the
 plain scalars ``top_p`` 0 -> 1.0, ``repetition_penalty`` 0 -> 1.0, ``n`` 0 -> 1 and ``top_k`` 0
 means disabled (as in vLLM). The ``constraint`` oneof becomes structured-output arguments.
-Client mistakes raise :class:`InvalidRequest`; vLLM's own validation (a ``ValueError``) is mapped
-to INVALID_ARGUMENT by :mod:`.errors`.
+Client mistakes raise :class:`InvalidRequest` (core's shared rules,
+:mod:`smg_servicer_core.validate`, give the same messages as on every engine); vLLM's own
+validation while the request is built (a ``ValueError``) is mapped to INVALID_ARGUMENT by
+:mod:`.errors`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from smg_servicer_core import validate
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 
 DEFAULT_TEMPERATURE = 1.0
 MAX_N = 128
-MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -68,31 +70,15 @@ def _structured(sp: pb.SamplingParams) -> dict[str, Any] | None:
 
 
 def _validate(sp: pb.SamplingParams) -> None:
-    _validate_ranges(sp)
-    if sp.HasField("max_tokens") and sp.max_tokens == 0:
-        raise InvalidRequest("max_tokens must be at least 1")
+    validate.sampling(validate.Sampling.of(sp))
+    validate.max_tokens(sp.max_tokens if sp.HasField("max_tokens") else None)
     if sp.n > MAX_N:
         raise InvalidRequest(f"n must be at most {MAX_N}")
     for name in ("logprobs", "prompt_logprobs"):
-        if sp.HasField(name) and not (-1 <= getattr(sp, name) <= MAX_LOGPROBS):
-            raise InvalidRequest(f"{name} must be in [-1, {MAX_LOGPROBS}]")
+        validate.logprob_count(name, getattr(sp, name) if sp.HasField(name) else None)
     for value in sp.logit_bias.values():
         if not (-100.0 <= _finite("logit_bias", value) <= 100.0):
             raise InvalidRequest("logit_bias values must be in [-100, 100]")
-
-
-def _validate_ranges(sp: pb.SamplingParams) -> None:
-    if sp.HasField("temperature") and _finite("temperature", sp.temperature) < 0:
-        raise InvalidRequest(f"temperature must be >= 0, got {sp.temperature}")
-    if not (0.0 <= _finite("top_p", sp.top_p) <= 1.0):
-        raise InvalidRequest(f"top_p must be in (0, 1], got {sp.top_p}")
-    if not (0.0 <= _finite("min_p", sp.min_p) <= 1.0):
-        raise InvalidRequest(f"min_p must be in [0, 1], got {sp.min_p}")
-    if _finite("repetition_penalty", sp.repetition_penalty) < 0:
-        raise InvalidRequest("repetition_penalty must be > 0")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if not (-2.0 <= _finite(name, getattr(sp, name)) <= 2.0):
-            raise InvalidRequest(f"{name} must be in [-2, 2]")
 
 
 def to_sampling_spec(sp: pb.SamplingParams) -> SamplingSpec:

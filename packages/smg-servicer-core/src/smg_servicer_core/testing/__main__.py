@@ -1,7 +1,8 @@
 """``python -m smg_servicer_core.testing``: serve the fake engine as a real process.
 
 Used by the lifecycle tests (real signals, real exit codes) and by ``tools/bench``. Takes the
-shared server flags plus fake-engine knobs; ``--port-file`` receives the bound port once the
+shared server flags (metrics: ``--metrics-port`` / ``SMG_FAKE_SERVICER_METRICS_PORT``) plus
+fake-engine knobs; ``--port-file`` receives the bound port once the
 server listens (useful with ``--port 0``).
 """
 
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
-from smg_servicer_core.cli import resolve_server, server_options, server_parser
+from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
+from smg_servicer_core.config import environment
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.server import serve
@@ -24,7 +25,7 @@ logger = logging.getLogger("smg_servicer_core.testing")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m smg_servicer_core.testing", parents=[server_parser()]
+        prog="python -m smg_servicer_core.testing", parents=[server_parser("fake")]
     )
     parser.add_argument("--tokenizer-path", default=None)
     parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    resolved = resolve_server(args, os.environ)
+    resolved = resolve_server(args, environment(), "fake")
     configure_logging(resolved["log_level"])
     logger.info("settings: %s", resolved.describe())
     engine = FakeEngine(
@@ -46,7 +47,13 @@ async def _main(args: argparse.Namespace) -> int:
         ready_delay_s=args.ready_delay_s,
     )
     health = HealthFrame(SERVICE_NAME)
-    servicer = FakeEngineServicer(engine, health, tokenizer_path=args.tokenizer_path)
+    metrics = start_metrics(resolved)
+    servicer = FakeEngineServicer(
+        engine,
+        health,
+        tokenizer_path=args.tokenizer_path,
+        metrics=metrics[0] if metrics else None,
+    )
 
     def announce(port: int) -> None:
         if args.port_file is not None:
@@ -61,6 +68,7 @@ async def _main(args: argparse.Namespace) -> int:
         server_options(resolved),
         on_started=announce,
         in_flight=lambda: len(servicer.registry),
+        metrics_server=metrics[1] if metrics else None,
     )
 
 

@@ -71,6 +71,8 @@ class FakeEngineServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
         prompt = validate_prompt(request, self.engine.vocab_size, self.engine.max_context)
         params = request.sampling_params
         validate.max_tokens(params.max_tokens if params.HasField("max_tokens") else None)
+        validate.sampling(validate.Sampling.of(params))
+        validate.logprob_count("logprobs", params.logprobs if params.HasField("logprobs") else None)
         room = self.engine.max_context - len(prompt)
         max_tokens = min(params.max_tokens, room) if params.HasField("max_tokens") else room
         stops = list(params.stop_token_ids)

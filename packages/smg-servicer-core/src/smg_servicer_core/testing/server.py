@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import grpc.aio
 
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import MetricsServer
 from smg_servicer_core.server import EngineLifecycle, ServerOptions, ServiceBinding, serve
 
 START_TIMEOUT_S = 10.0
@@ -51,6 +52,7 @@ async def running_server(
     *,
     grace_period_s: float = 5.0,
     in_flight: Callable[[], int] | None = None,
+    metrics_server: MetricsServer | None = None,
 ) -> AsyncGenerator[RunningServer]:
     stop = asyncio.Event()
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -65,6 +67,7 @@ async def running_server(
             handle_signals=False,
             on_started=bound.set_result,
             in_flight=in_flight,
+            metrics_server=metrics_server,
         )
     )
     done, _ = await asyncio.wait(

@@ -1,0 +1,179 @@
+"""Prometheus metrics: exact counters after a known workload, drain refusals, flags and ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import mlx_engine_pb2_grpc
+
+from smg_servicer_core.cli import resolve_server, start_metrics
+from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import Histogram, MetricsServer, ServicerMetrics
+from smg_servicer_core.testing import FakeEngine, FakeEngineServicer, FakeScript, running_server
+from smg_servicer_core.testing.fake_servicer import SERVICE_NAME
+from smg_servicer_core.testing.health import NOT_SERVING, SERVING, Watcher
+from smg_servicer_core.testing.metrics import (
+    assert_workload_counted,
+    metrics_workload,
+    scrape,
+    value,
+)
+from smg_servicer_core.testing.process import fake_server_command, spawn_with_port_file
+from smg_servicer_core.testing.requests import mlx_generate
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.unit
+def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
+    hist = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 2.0):
+        hist.observe(v)
+    assert hist.buckets() == [("0.1", 2.0), ("1.0", 3.0), ("+Inf", 4.0)]
+    assert hist.count == 4
+    assert hist.total == pytest.approx(2.65)
+
+
+@pytest.mark.unit
+def test_names_follow_prometheus_conventions() -> None:
+    metrics = ServicerMetrics()
+    metrics.call("Generate").done("OK")
+    names = {family.name for family in metrics.collect()}
+    assert all(name.startswith("smg_servicer_") for name in names)
+    server = MetricsServer(metrics, "127.0.0.1", 0)
+    try:
+        samples = scrape(server.port)
+    finally:
+        server.close()
+    sample_names = {name for name, _ in samples}
+    assert "smg_servicer_generate_output_tokens_total" in sample_names
+    assert "smg_servicer_rpc_duration_seconds_bucket" in sample_names
+    assert "process_cpu_seconds_total" in sample_names
+    labels = {dict(lbl).get("code") for name, lbl in samples if name.endswith("requests_total")}
+    assert labels == {"OK"}
+
+
+@pytest.mark.unit
+def test_metrics_are_off_without_the_flag_and_the_port_must_differ() -> None:
+    assert start_metrics(resolve_server(None, {}, "fake")) is None
+    resolved = resolve_server(None, {"SMG_FAKE_SERVICER_METRICS_PORT": "0"}, "fake")
+    assert resolved.source("metrics_port") == "env"
+    with pytest.raises(ConfigError, match="is the gRPC port"):
+        same = {"SMG_SERVICER_PORT": "7000", "SMG_FAKE_SERVICER_METRICS_PORT": "7000"}
+        resolve_server(None, same, "fake")
+    with pytest.raises(ConfigError, match="TCP port"):
+        resolve_server(None, {"SMG_FAKE_SERVICER_METRICS_PORT": "70000"}, "fake")
+
+
+@pytest.mark.contract
+async def test_counters_match_a_known_workload_exactly() -> None:
+    engine = FakeEngine(script=FakeScript(token_delay_s=0.005))
+    health = HealthFrame(SERVICE_NAME)
+    metrics = ServicerMetrics()
+    servicer = FakeEngineServicer(engine, health, metrics=metrics)
+    exporter = MetricsServer(metrics, "127.0.0.1", 0)
+    async with running_server([servicer.binding()], health, engine, metrics_server=exporter) as srv:
+        stub = mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
+        work = await metrics_workload(stub, "mlx", [5, 6, 7])
+        samples = await asyncio.to_thread(scrape, exporter.port)
+    assert work.codes == {"OK": 3, "INVALID_ARGUMENT": 1, "ABORTED": 1}
+    assert work.tokens >= 12  # 3 x 4, plus what the aborted stream sent
+    assert_workload_counted(samples, work)
+    assert value(samples, "smg_servicer_engine_running_requests") == 0
+    assert value(samples, "smg_servicer_generate_inter_chunk_seconds_count") == work.messages - 4
+
+
+@pytest.mark.contract
+async def test_client_cancel_and_drain_refusals_are_counted() -> None:
+    engine = FakeEngine(script=FakeScript(token_delay_s=0.01))
+    health = HealthFrame(SERVICE_NAME)
+    metrics = ServicerMetrics()
+    servicer = FakeEngineServicer(engine, health, metrics=metrics)
+    exporter = MetricsServer(metrics, "127.0.0.1", 0)
+    async with running_server(
+        [servicer.binding()],
+        health,
+        engine,
+        in_flight=lambda: len(servicer.registry),
+        metrics_server=exporter,
+    ) as srv:
+        stub: Any = mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
+        stopped = asyncio.Event()
+
+        def on_stop(cause: str) -> None:
+            metrics.abort(cause)
+            stopped.set()
+
+        servicer.registry.on_stop = on_stop
+        cancelled = stub.Generate(mlx_generate([1, 2], stream=True, max_tokens=500))
+        await cancelled.read()
+        cancelled.cancel()
+        await asyncio.wait_for(stopped.wait(), 5)
+        held = stub.Generate(mlx_generate([1, 2], stream=True, max_tokens=60))
+        await held.read()
+        watcher = Watcher(srv.channel)
+        await watcher.until(SERVING)
+        srv.stop_event.set()  # the SIGTERM path: the held stream drains
+        await watcher.until(NOT_SERVING)
+        watcher.close()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetServerInfo(_mlx().GetServerInfoRequest())
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        while await held.read() is not grpc.aio.EOF:
+            pass
+        assert await held.code() == grpc.StatusCode.OK
+    assert metrics.refused["shutting_down"] == 1
+    assert metrics.aborts["client_cancel"] == 1
+    assert metrics.rpc_requests[("Generate", "CANCELLED")] == 1
+    assert metrics.rpc_requests[("Generate", "OK")] == 1
+    assert metrics.streams_in_flight == 0
+
+
+def _mlx() -> Any:
+    from smg_grpc_proto.generated import mlx_engine_pb2
+
+    return mlx_engine_pb2
+
+
+@pytest.mark.contract
+def test_fake_server_process_serves_metrics_only_with_the_flag(tmp_path: Path) -> None:
+    metrics_port = _free_port()
+    port_file = tmp_path / "port"
+    cmd = fake_server_command(port_file, "--metrics-port", str(metrics_port))
+    proc, grpc_port = spawn_with_port_file(cmd, port_file)
+    try:
+        samples = scrape(metrics_port)  # listening before the gRPC port was announced
+        assert value(samples, "smg_servicer_generate_streams_in_flight") == 0
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    # The same server without the flag opens no metrics port.
+    port_file.unlink()
+    proc, _ = spawn_with_port_file(fake_server_command(port_file), port_file)
+    try:
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    same = subprocess.run(
+        [sys.executable, "-m", "smg_servicer_core.testing", "--port", str(grpc_port),
+         "--metrics-port", str(grpc_port)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert same.returncode == 2
+    assert "is the gRPC port" in same.stderr
