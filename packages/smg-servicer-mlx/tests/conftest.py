@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.proto import mlx_engine_pb2_grpc
 from smg_servicer_core.metrics import MetricsServer, ServicerMetrics
+from smg_servicer_core.proto import mlx_engine_pb2_grpc
 from smg_servicer_core.testing import RunningServer, cached_tiny_model, running_server
 
 REPO = Path(__file__).resolve().parents[3]
@@ -70,5 +70,5 @@ async def mlx_served(tiny_model: Path, engine_options: dict[str, Any]) -> AsyncI
 
 
 @pytest.fixture
-async def mlx_stack(mlx_served: Served) -> AsyncIterator[tuple[object, object, object]]:
-    yield mlx_served.engine, mlx_served.servicer, mlx_served.stub
+def mlx_stack(mlx_served: Served) -> tuple[object, object, object]:
+    return mlx_served.engine, mlx_served.servicer, mlx_served.stub

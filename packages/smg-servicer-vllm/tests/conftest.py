@@ -16,6 +16,7 @@ from smg_servicer_core.server import ExternalEngine, ServiceBinding
 from smg_servicer_core.testing import cached_tiny_model, running_server
 
 REPO = Path(__file__).resolve().parents[3]
+METRICS_ENV = "SMG_VLLM_SERVICER_METRICS_PORT"
 SESSION = pytest.mark.asyncio(loop_scope="session")
 
 
@@ -107,11 +108,23 @@ def serve_llm() -> Any:
 async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
     from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports
 
-    servicer = VllmEngineServicer(llm, time.time())
+    # /metrics through the launcher's path (the environment variable; port 0 picks a free one).
+    previous = os.environ.get(METRICS_ENV)
+    os.environ[METRICS_ENV] = "0"
+    try:
+        servicer = VllmEngineServicer(llm, time.time())
+    finally:
+        if previous is None:
+            del os.environ[METRICS_ENV]
+        else:
+            os.environ[METRICS_ENV] = previous
 
     def register(server: Any) -> None:
         vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
 
     binding = ServiceBinding("vllm.grpc.engine.VllmEngine", register)
-    async with running_server([binding], HealthFrame("unused"), ExternalEngine()) as server:
-        yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)
+    try:
+        async with running_server([binding], HealthFrame("unused"), ExternalEngine()) as server:
+            yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)
+    finally:
+        servicer.metrics_server.close()

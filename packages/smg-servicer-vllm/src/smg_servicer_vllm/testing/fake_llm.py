@@ -60,6 +60,9 @@ class FakeAsyncLLM:
     ) -> None:
         self.token_delay_s = token_delay_s
         self.errored = False
+        #: ``(n, exc)``: raise ``exc`` from ``generate`` after ``n`` outputs (0: before any, as
+        #: vLLM's own request checks do; later: a fault in the output stream).
+        self.raise_after: tuple[int, BaseException] | None = None
         #: What ``reset_prefix_cache`` answers (vLLM refuses while requests hold blocks).
         self.flush_succeeds = True
         self.output_processor = _Processor()
@@ -113,6 +116,8 @@ class FakeAsyncLLM:
         try:
             for step in range(max_tokens):
                 await asyncio.sleep(self.token_delay_s)
+                if self.raise_after is not None and step == self.raise_after[0]:
+                    raise self.raise_after[1]
                 last = step == max_tokens - 1
                 reason = "abort" if stop.is_set() else ("length" if last else None)
                 tokens = (
