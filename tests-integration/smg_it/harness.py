@@ -173,7 +173,7 @@ class Router(_Process):
         self.stop(grace_s=5)
 
 
-def mlx_worker(model: Path, port: int) -> Worker:
+def mlx_worker(model: Path, port: int, *extra: str) -> Worker:
     """The MLX servicer, launched the way the seed README documents (through the facade)."""
     return Worker(
         [
@@ -188,6 +188,7 @@ def mlx_worker(model: Path, port: int) -> Worker:
             str(port),
             "--log-level",
             "warning",
+            *extra,
         ],
         port,
     )

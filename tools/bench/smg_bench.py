@@ -207,7 +207,11 @@ def _round(value: float | None) -> float | None:
 
 def spawn_fake(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
     port_file = Path(tempfile.mkdtemp()) / "port"
-    flags = ("--log-level", "warning", "--token-delay-ms", str(args.fake_token_delay_ms))
+    flags: tuple[str, ...] = (
+        "--log-level", "warning", "--token-delay-ms", str(args.fake_token_delay_ms),
+    )  # fmt: skip
+    if args.fake_metrics:
+        flags += ("--metrics-port", "0")
     try:
         return spawn_with_port_file(fake_server_command(port_file, *flags), port_file, output=None)
     except RuntimeError as err:
@@ -238,6 +242,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="with --spawn-fake: per-token engine time (0 = costs nothing)",
+    )
+    parser.add_argument(
+        "--fake-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --spawn-fake: serve Prometheus /metrics (measures the metrics' cost)",
     )
     parser.add_argument(
         "--nice",
@@ -297,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             stream=args.stream,
             client_loop=loop_name,
+            fake_metrics=args.fake_metrics if args.spawn_fake else None,
             client_nice=os.nice(0),  # the niceness the client really ran at
             client_cpu_ms_per_1k_tokens=round(
                 client_ms / max(report["output_tokens"], 1) * 1000, 2

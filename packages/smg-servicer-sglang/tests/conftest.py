@@ -37,7 +37,13 @@ def tiny_model() -> Path:
 def sglang_server(tiny_model: Path) -> Iterator[Server]:
     # A random model pads free JSON whitespace forever; the engine option keeps constrained
     # output tight (the same as vLLM's disable_any_whitespace in its tests).
-    server = start_server(tiny_model, "--constrained-json-disable-any-whitespace")
+    metrics_port = free_port()
+    server = start_server(
+        tiny_model,
+        "--constrained-json-disable-any-whitespace",
+        env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)},
+    )
+    server.metrics_port = metrics_port
     try:
         wait_serving(server)
         yield server

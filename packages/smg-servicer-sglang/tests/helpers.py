@@ -43,6 +43,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    metrics_port: int | None = None
 
     @property
     def address(self) -> str:

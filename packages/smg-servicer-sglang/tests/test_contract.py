@@ -19,6 +19,10 @@ from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import RunningServer, running_server
+from smg_servicer_core.testing.health import (
+    assert_health_follows_probe,
+    assert_not_serving_from_shutdown,
+)
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import server as server_mod
 from smg_servicer_sglang.request_manager import RequestManager
@@ -153,7 +157,7 @@ async def test_silent_scheduler_turns_not_serving_and_back(stack: Stack) -> None
         assert loop.time() < deadline, "never turned NOT_SERVING"
         await asyncio.sleep(0.2)
     liveness = await stack.health.Check(health_pb2.HealthCheckRequest(service=""))
-    assert liveness.status == health_pb2.HealthCheckResponse.SERVING  # alive, just stuck
+    assert liveness.status == health_pb2.HealthCheckResponse.NOT_SERVING  # one health
     deep = await stack.stub.HealthCheck(pb.HealthCheckRequest())
     assert not deep.healthy
     assert "silent" in deep.message
@@ -246,3 +250,41 @@ async def test_one_unreadable_output_fails_only_its_request(stack: Stack) -> Non
     assert responses[-1].complete.finish_reason == "length"
     assert stack.manager.failed is None
     assert not stack.srv.task.done(), "the server keeps serving"
+
+
+async def test_health_follows_the_stall_probe_on_check_watch_and_healthcheck(stack: Stack) -> None:
+    """Core's one health: the stall (the servicer's probe) reaches Watch without asking."""
+    calls: list[Any] = []
+
+    def stall() -> None:
+        stack.scheduler.mode = "silent"
+        calls.append(stack.stub.Generate(gen("stall")))
+
+    def answer() -> None:
+        done = token_output("stall", [7], 1, {"type": "length", "length": 1})
+        calls.append(asyncio.ensure_future(stack.scheduler.send(done)))
+
+    await assert_health_follows_probe(
+        stack.srv.channel, stack.stub, pb, service=SERVICE_NAME, fail=stall, recover=answer,
+        reason="scheduler silent for",
+    )  # fmt: skip
+
+
+async def test_sigterm_path_is_not_serving_while_draining(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    held = stack.stub.Generate(gen("held"))
+    await asyncio.sleep(0.2)
+    await assert_not_serving_from_shutdown(
+        stack.srv.channel, stack.stub, pb, service=SERVICE_NAME,
+        start_shutdown=stack.srv.stop_event.set,
+    )  # fmt: skip
+    held.cancel()
+
+
+async def test_max_tokens_zero_is_invalid_argument(stack: Stack) -> None:
+    request = gen("zero")
+    request.sampling_params.max_new_tokens = 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        _ = [r async for r in stack.stub.Generate(request)]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "max_tokens must be at least 1, got 0"

@@ -343,3 +343,30 @@ async def test_profile_start_and_stop(stub: Any, tmp_path: Any) -> None:
     stopped = await stub.StopProfile(common_pb2.StopProfileRequest())
     assert stopped.success, stopped.message
     assert any(tmp_path.iterdir()), "the profiler wrote a trace"
+
+
+async def test_the_shared_bad_requests_get_the_shared_messages(stub: Any) -> None:
+    from smg_servicer_core.testing.bad_requests import assert_refused_alike
+
+    ran = await assert_refused_alike(stub, "sglang", vocab_size=VOCAB, context_length=1024)
+    assert ran == 12
+
+
+async def test_metrics_count_a_known_workload_exactly(stub: Any, sglang_server: Server) -> None:
+    from smg_servicer_core.testing.metrics import (
+        assert_workload_counted,
+        metrics_workload,
+        scrape,
+        value,
+    )
+
+    assert sglang_server.metrics_port is not None
+    await wait_idle(stub)
+    before = await asyncio.to_thread(scrape, sglang_server.metrics_port)
+    work = await metrics_workload(stub, "sglang", [5, 6, 7, 8])
+    await wait_idle(stub)
+    samples = await asyncio.to_thread(scrape, sglang_server.metrics_port)
+    assert work.codes == {"OK": 4, "INVALID_ARGUMENT": 1}  # an aborted SGLang stream completes
+    assert_workload_counted(samples, work, before)
+    assert value(samples, "smg_servicer_engine_running_requests") == 0
+    assert value(samples, "smg_servicer_engine_kv_cache_usage_ratio") >= 0

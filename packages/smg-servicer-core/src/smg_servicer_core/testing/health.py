@@ -71,7 +71,8 @@ async def assert_health_follows_probe(
     recover: Callable[[], None],
     reason: str,
 ) -> None:
-    """SERVING; ``fail()`` -> NOT_SERVING on Check, Watch and ``HealthCheck`` (with ``reason``);
+    """SERVING; ``fail()`` -> NOT_SERVING on Check, Watch and ``HealthCheck`` (its message
+    starting with ``reason``);
     ``recover()`` -> SERVING on all three again."""
     watcher = Watcher(channel, service)
     try:
@@ -82,7 +83,9 @@ async def assert_health_follows_probe(
         await watcher.until(NOT_SERVING)  # Watch probes on its own: nobody asked again
         assert await check(channel, service) == NOT_SERVING
         assert await check(channel) == NOT_SERVING
-        assert await engine_health(stub, wire) == (False, reason)
+        healthy, message = await engine_health(stub, wire)
+        assert not healthy
+        assert message.startswith(reason), message
         recover()
         await watcher.until(SERVING)
         assert await check(channel, service) == SERVING
