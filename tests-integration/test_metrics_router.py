@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from smg_it.harness import Router, Worker, free_port, mlx_worker
 
+from smg_it.harness import Router, Worker, free_port, mlx_worker
 from smg_servicer_core.testing.metrics import scrape, value
 
 pytestmark = pytest.mark.integration

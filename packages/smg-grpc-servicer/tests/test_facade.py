@@ -96,3 +96,21 @@ def test_python_m_mlx_without_model_is_a_config_error() -> None:
     )
     assert result.returncode == 2
     assert "--model" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.unit
+def test_conversions_are_pure_and_import_no_engine() -> None:
+    """Every package's proto <-> engine conversion imports without its engine (SGLang is not
+    in this environment at all; vLLM and MLX are, and must stay unimported)."""
+    code = (
+        "import sys\n"
+        "import smg_servicer_sglang.convert, smg_servicer_vllm.convert, smg_servicer_vllm.sampling\n"
+        "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'vllm', 'mlx', "
+        "'mlx_lm', 'torch', 'zmq'})\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == ""

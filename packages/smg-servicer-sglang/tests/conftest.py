@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import Server, run_reference, start_server, stop_server, wait_serving
+from helpers import Server, free_port, run_reference, start_server, stop_server, wait_serving
 
 from smg_servicer_core.testing import cached_tiny_model
 
