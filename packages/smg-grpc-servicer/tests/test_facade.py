@@ -104,7 +104,8 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
     in this environment at all; vLLM and MLX are, and must stay unimported)."""
     code = (
         "import sys\n"
-        "import smg_servicer_sglang.convert, smg_servicer_vllm.convert, smg_servicer_vllm.sampling\n"
+        "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
+        "import smg_servicer_vllm.sampling\n"
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'vllm', 'mlx', "
         "'mlx_lm', 'torch', 'zmq'})\n"

@@ -17,8 +17,8 @@ outage, never sent to the client).
 
 Answers for ``""`` (the process) and the engine's full service name. Unknown service names get
 NOT_FOUND from ``Check`` (the gRPC health spec) and SERVICE_UNKNOWN from ``Watch``. The router
-does not use this service; it calls the engine's own ``HealthCheck`` (:mod:`.servicer`), which reports
-:meth:`HealthFrame.reason`.
+does not use this service; it calls the engine's own ``HealthCheck`` (:mod:`.servicer`), which
+reports :meth:`HealthFrame.reason`.
 """
 
 from __future__ import annotations
