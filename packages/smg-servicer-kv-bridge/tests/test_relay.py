@@ -283,3 +283,34 @@ async def test_sglang_reply_form_resumes_too() -> None:
         await reader.until(lambda r: len(r.seqs) >= 2)
         assert reader.seqs == [5, 6]
         await reader.close()
+
+
+async def test_metrics_count_batches_events_drops_replays_and_resets() -> None:
+    from smg_servicer_core.metrics import ServicerMetrics
+
+    metrics = ServicerMetrics()
+    async with ScriptedPublisher() as pub:
+        reader = Reader(KvRelay([source(pub)], metrics=metrics).stream(0))
+        await joined(pub, reader)
+        assert (metrics.kv_open, metrics.kv_subscriptions) == (1, 1)
+        pub.publish([*EVENT, {"type": "NotAnEvent"}])  # one kept, one dropped
+        base = pub.next_seq - 1
+        pub.history.append((base + 1, pub.history[-1][1]))  # never reaches the SUB
+        pub.next_seq = base + 2
+        pub.publish(EVENT)  # a gap of one: repaired by replay
+        await reader.until(lambda r: r.seqs and r.seqs[-1] >= base + 2)
+        await reader.close()
+    events = sum(len(b.events) for b in reader.batches if not b.load.load_only)
+    assert metrics.kv_batches == len(reader.seqs)
+    assert metrics.kv_events == events
+    assert metrics.kv_dropped == {"unknown_type": 2}  # live, and the replayed batch with its body
+    assert metrics.kv_replays == 1
+    assert metrics.kv_open == 0
+    async with ScriptedPublisher() as pub:
+        pub.publish(EVENT)
+        pub.replay_mode = "empty"
+        failing = Reader(KvRelay([source(pub)], metrics=metrics, replay_timeout_s=0.5).stream(1))
+        await asyncio.wait_for(failing.task, 10)
+    assert isinstance(failing.error, OutOfRange)
+    assert metrics.kv_resets == {"out_of_range": 1}
+    assert (metrics.kv_open, metrics.kv_subscriptions) == (0, 2)
