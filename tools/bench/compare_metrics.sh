@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cost of Prometheus metrics: core's fake-engine servicer (costs nothing per token) with
-# metrics off and on, alternated (off, on, off, on, ...) so both arms see the same machine.
+# metrics off and on, alternated in ABBA order (off, on, on, off, ...) so both arms see the same
+# machine and a drift in its load does not favour either arm.
 # Prints one JSON line per run and, per concurrency, the ratio on/off of the server's CPU per
 # 1,000 streamed tokens (median of the runs, and the spread: min..max of the pairwise ratios).
 #   bash tools/bench/compare_metrics.sh [runs=3] [requests=256]
@@ -9,9 +10,11 @@ cd "$(dirname "$0")/../.."
 runs="${1:-3}"
 requests="${2:-256}"
 out="$(mktemp)"
-for concurrency in 16 64; do
+for concurrency in ${CONCURRENCIES:-16 64}; do
     for run in $(seq 1 "$runs"); do
-        for arm in no-fake-metrics fake-metrics; do
+        arms="no-fake-metrics fake-metrics"
+        if (( run % 2 == 0 )); then arms="fake-metrics no-fake-metrics"; fi
+        for arm in $arms; do
             uv run --no-sync python tools/bench/smg_bench.py --spawn-fake --"$arm" --nice 10 \
                 --concurrency "$concurrency" --requests "$requests" --max-tokens 128 \
                 --label "metrics:$arm:c$concurrency:run$run" | tee -a "$out"
