@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from smg_grpc_proto.generated import mlx_engine_pb2 as pb
 from smg_grpc_proto.generated import mlx_engine_pb2_grpc
 
 from smg_servicer_core.cli import resolve_server, start_metrics
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import Histogram, MetricsServer, ServicerMetrics
-from smg_servicer_core.testing import FakeEngine, FakeEngineServicer, FakeScript, running_server
+from smg_servicer_core.testing import (
+    FakeEngine,
+    FakeEngineServicer,
+    FakeScript,
+    RunningServer,
+    running_server,
+)
 from smg_servicer_core.testing.fake_servicer import SERVICE_NAME
 from smg_servicer_core.testing.health import NOT_SERVING, SERVING, Watcher
 from smg_servicer_core.testing.metrics import (
@@ -79,27 +89,19 @@ def test_metrics_are_off_without_the_flag_and_the_port_must_differ() -> None:
         resolve_server(None, {"SMG_FAKE_SERVICER_METRICS_PORT": "70000"}, "fake")
 
 
-@pytest.mark.contract
-async def test_counters_match_a_known_workload_exactly() -> None:
-    engine = FakeEngine(script=FakeScript(token_delay_s=0.005))
-    health = HealthFrame(SERVICE_NAME)
-    metrics = ServicerMetrics()
-    servicer = FakeEngineServicer(engine, health, metrics=metrics)
-    exporter = MetricsServer(metrics, "127.0.0.1", 0)
-    async with running_server([servicer.binding()], health, engine, metrics_server=exporter) as srv:
-        stub = mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
-        work = await metrics_workload(stub, "mlx", [5, 6, 7])
-        samples = await asyncio.to_thread(scrape, exporter.port)
-    assert work.codes == {"OK": 3, "INVALID_ARGUMENT": 1, "ABORTED": 1}
-    assert work.tokens >= 12  # 3 x 4, plus what the aborted stream sent
-    assert_workload_counted(samples, work)
-    assert value(samples, "smg_servicer_engine_running_requests") == 0
-    assert value(samples, "smg_servicer_generate_inter_chunk_seconds_count") == work.messages - 4
+@dataclass
+class Metered:
+    servicer: FakeEngineServicer
+    metrics: ServicerMetrics
+    exporter: MetricsServer
+    server: RunningServer
+    stub: Any
 
 
-@pytest.mark.contract
-async def test_client_cancel_and_drain_refusals_are_counted() -> None:
-    engine = FakeEngine(script=FakeScript(token_delay_s=0.01))
+@contextlib.asynccontextmanager
+async def metered(token_delay_s: float) -> AsyncIterator[Metered]:
+    """The fake servicer with metrics and their exporter, served through ``serve()``."""
+    engine = FakeEngine(script=FakeScript(token_delay_s=token_delay_s))
     health = HealthFrame(SERVICE_NAME)
     metrics = ServicerMetrics()
     servicer = FakeEngineServicer(engine, health, metrics=metrics)
@@ -111,7 +113,27 @@ async def test_client_cancel_and_drain_refusals_are_counted() -> None:
         in_flight=lambda: len(servicer.registry),
         metrics_server=exporter,
     ) as srv:
-        stub: Any = mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
+        yield Metered(
+            servicer, metrics, exporter, srv, mlx_engine_pb2_grpc.MlxEngineStub(srv.channel)
+        )
+
+
+@pytest.mark.contract
+async def test_counters_match_a_known_workload_exactly() -> None:
+    async with metered(0.005) as m:
+        work = await metrics_workload(m.stub, "mlx", [5, 6, 7])
+        samples = await asyncio.to_thread(scrape, m.exporter.port)
+    assert work.codes == {"OK": 3, "INVALID_ARGUMENT": 1, "ABORTED": 1}
+    assert work.tokens >= 12  # 3 x 4, plus what the aborted stream sent
+    assert_workload_counted(samples, work)
+    assert value(samples, "smg_servicer_engine_running_requests") == 0
+    assert value(samples, "smg_servicer_generate_inter_chunk_seconds_count") == work.messages - 4
+
+
+@pytest.mark.contract
+async def test_client_cancel_and_drain_refusals_are_counted() -> None:
+    async with metered(0.01) as m:
+        servicer, metrics, srv, stub = m.servicer, m.metrics, m.server, m.stub
         stopped = asyncio.Event()
 
         def on_stop(cause: str) -> None:
@@ -131,7 +153,7 @@ async def test_client_cancel_and_drain_refusals_are_counted() -> None:
         await watcher.until(NOT_SERVING)
         watcher.close()
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.GetServerInfo(_mlx().GetServerInfoRequest())
+            await stub.GetServerInfo(pb.GetServerInfoRequest())
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         while await held.read() is not grpc.aio.EOF:
             pass
@@ -141,12 +163,6 @@ async def test_client_cancel_and_drain_refusals_are_counted() -> None:
     assert metrics.rpc_requests[("Generate", "CANCELLED")] == 1
     assert metrics.rpc_requests[("Generate", "OK")] == 1
     assert metrics.streams_in_flight == 0
-
-
-def _mlx() -> Any:
-    from smg_grpc_proto.generated import mlx_engine_pb2
-
-    return mlx_engine_pb2
 
 
 @pytest.mark.contract

@@ -273,14 +273,9 @@ async def serve(
     stop = stop_event or asyncio.Event()
     try:
         server = Server(bindings, health, options)
-    except ConfigError:
         if metrics_server is not None:
-            metrics_server.close()
-        raise
-    if metrics_server is not None:
-        metrics = metrics_server.metrics
-        server.gate.on_refuse = lambda: metrics.refuse("shutting_down")
-    try:
+            metrics = metrics_server.metrics
+            server.gate.on_refuse = lambda: metrics.refuse("shutting_down")
         return await _serve(
             server,
             health=health,

@@ -44,7 +44,7 @@ from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.registry import RequestRegistry
-from smg_servicer_core.server import ServiceBinding
+from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -77,7 +77,7 @@ class EngineServicer(ABC):
 
     def binding(self) -> ServiceBinding:
         add = getattr(self.wire_grpc, f"add_{self.service}Servicer_to_server")
-        return ServiceBinding(self.service_name(), lambda server: add(self, server))
+        return bind_servicer(self.service_name(), add, self)
 
     def attach_metrics(self, metrics: ServicerMetrics) -> None:
         """Report every RPC, stream and abort of this servicer to ``metrics``."""

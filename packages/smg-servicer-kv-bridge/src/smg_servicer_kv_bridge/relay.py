@@ -128,22 +128,19 @@ class KvRelay:
         self._load_sample = 0
 
     async def stream(self, start_seq: int = 0) -> AsyncIterator[pb.KvEventBatch]:
-        if self.metrics is None:
-            async for batch in self._stream(start_seq):
-                yield batch
-            return
-        self.metrics.kv_opened()
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.kv_opened()
         try:
             async for batch in self._stream(start_seq):
                 yield batch
-        except OutOfRange:
-            self.metrics.kv_reset("out_of_range")
-            raise
-        except DataLoss:
-            self.metrics.kv_reset("data_loss")
+        except (OutOfRange, DataLoss) as reset:
+            if metrics is not None:
+                metrics.kv_reset("out_of_range" if isinstance(reset, OutOfRange) else "data_loss")
             raise
         finally:
-            self.metrics.kv_closed()
+            if metrics is not None:
+                metrics.kv_closed()
 
     async def _stream(self, start_seq: int) -> AsyncIterator[pb.KvEventBatch]:
         if not self.sources:

@@ -83,10 +83,14 @@ def _checked_params(sampling: dict[str, Any], vocab_size: int, tokenizer: Any) -
     return params
 
 
+def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
+    """``spec.fields`` with the prompt as the ``array('q')`` SGLang's IPC carries."""
+    return {**spec.fields, "input_ids": array("q", spec.fields["input_ids"])}
+
+
 def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
     """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`)."""
-    fields = dict(spec.fields)
-    fields["input_ids"] = array("q", fields["input_ids"])
+    fields = _wire_fields(spec)
     return TokenizedGenerateReqInput(
         rid=spec.rid,
         input_embeds=None,
@@ -99,8 +103,7 @@ def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
 
 def build_embed(spec: ReqSpec, tokenizer: Any) -> Any:
     """SGLang's ``TokenizedEmbeddingReqInput`` for ``spec``."""
-    fields = dict(spec.fields)
-    fields["input_ids"] = array("q", fields["input_ids"])
+    fields = _wire_fields(spec)
     return TokenizedEmbeddingReqInput(
         rid=spec.rid,
         mm_inputs=None,

@@ -133,9 +133,6 @@ class Schedulers:
     def on_sigquit(self) -> None:
         self.quit_reason = "a scheduler process reported a fatal error (SIGQUIT)"
 
-    def dead_reason(self) -> str | None:
-        return self.watchdog.dead_reason()
-
     async def wait_ready(self) -> None:
         if not self.warmup:
             logger.info("warm-up skipped")

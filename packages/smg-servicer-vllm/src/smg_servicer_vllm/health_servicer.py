@@ -17,7 +17,7 @@ from typing import Any
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.health import HealthFrame, Probe
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
@@ -26,7 +26,7 @@ ENGINE_DEAD = "Engine is not alive"
 _FRAMES: weakref.WeakKeyDictionary[Any, HealthFrame] = weakref.WeakKeyDictionary()
 
 
-def _probe_for(async_llm: Any) -> Any:
+def _probe_for(async_llm: Any) -> Probe:
     async def probe() -> str | None:
         if getattr(async_llm, "errored", False):
             return ENGINE_DEAD
