@@ -1,0 +1,203 @@
+"""The only module that imports TokenSpeed (``tokenspeed`` 0.1.1).
+
+It parses TokenSpeed's flags, launches the scheduler ranks and the in-process ``AsyncLLM`` through
+TokenSpeed's own ``_launch_subprocesses``, builds TokenSpeed's request objects from the plain
+values of :mod:`.convert`, and starts the front end's receive loops under the servicer's control
+(not TokenSpeed's SIGTERM watchdog, which would kill the process tree on its own schedule).
+
+``SMG_TOKENSPEED_SCHEDULER=module:function`` replaces the scheduler process's entry point
+(TokenSpeed's ``run_event_loop(server_args, port_args, pipe_writer)``) before the launch: what the
+CPU tests use to stand in for the GPU scheduler (``smg_servicer_tokenspeed.testing.scheduler:run``).
+Everything between gRPC and the scheduler socket stays TokenSpeed's own code.
+"""
+
+# TokenSpeed ships no type information; this boundary is checked loosely on purpose.
+# pyright: reportMissingImports=false, reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false, reportMissingTypeStubs=false, reportAttributeAccessIssue=false
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import multiprocessing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_core.errors import ConfigError
+from smg_servicer_tokenspeed.convert import ChildSpec
+
+INSTALL_HINT = (
+    "TokenSpeed is not installed in this environment: install it from its own runtime "
+    "(pip install tokenspeed; on a CPU for development see tools/envs/tokenspeed-cpu/)"
+)
+
+try:
+    import tokenspeed.runtime.entrypoints.engine as _entry
+    from tokenspeed.runtime.engine import io_struct as _io
+    from tokenspeed.runtime.utils.server_args import PortArgs, prepare_server_args
+    from tokenspeed.version import __version__ as _version
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(INSTALL_HINT, name="tokenspeed") from _err
+
+#: TokenSpeed's scheduler wire (``io_struct``), as ``Any``: the stand-in and this module use it.
+io: Any = _io
+TOKENSPEED_VERSION: str = str(_version)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TOKENSPEED_VERSION", "LaunchError", "Launched", "io", "launch", "prepare"]
+
+SCHEDULER_ENTRY = Setting(
+    "scheduler_entry",
+    str,
+    "",
+    "module:function replacing TokenSpeed's scheduler process entry (tests, CPU development)",
+    env="SMG_TOKENSPEED_SCHEDULER",
+)
+
+
+class LaunchError(Exception):
+    """The scheduler ranks did not come up (a rank died or reported a failure)."""
+
+
+def prepare(argv: list[str]) -> Any:
+    """TokenSpeed's ``ServerArgs`` from its flags (``--help`` prints TokenSpeed's help and exits).
+
+    The servicer sends token ids and the router detokenizes, so TokenSpeed's inline detokenizer
+    is switched off (no text is built per step) and ``output_ids`` stay cumulative per request
+    (``stream_output`` off), which is what the output conversion reads.
+    """
+    args = prepare_server_args(argv)
+    args.enable_inline_detokenizer = False
+    args.stream_output = False
+    return args
+
+
+def _scheduler_entry() -> Callable[..., Any] | None:
+    spec = setting_value(SCHEDULER_ENTRY)
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    try:
+        entry = getattr(importlib.import_module(module), name or "run")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"SMG_TOKENSPEED_SCHEDULER={spec!r} cannot be imported") from exc
+    if not callable(entry):
+        raise ConfigError(f"SMG_TOKENSPEED_SCHEDULER={spec!r} is not callable")
+    return entry  # pyright: ignore[reportUnknownVariableType]
+
+
+@dataclass
+class Launched:
+    """A running TokenSpeed engine: its front end, scheduler ranks and start-up report."""
+
+    llm: Any
+    server_args: Any
+    scheduler_info: dict[str, Any]
+    processes: list[Any]
+
+
+def launch(server_args: Any) -> Launched:
+    """Start the scheduler ranks and the ``AsyncLLM`` (blocking until every rank is ready).
+
+    Must run on the main thread (TokenSpeed installs its launch-phase signal handler there).
+    Raises :class:`LaunchError` when a rank dies or reports a failure during start-up."""
+    entry = _scheduler_entry()
+    if entry is not None:
+        logger.warning("TokenSpeed's scheduler is replaced by %s", setting_value(SCHEDULER_ENTRY))
+        _entry.run_event_loop = entry
+    before = set(multiprocessing.active_children())
+    port_args = PortArgs.init_new(server_args)
+    try:
+        llm, _, info = _entry._launch_subprocesses(server_args, port_args)  # pyright: ignore[reportPrivateUsage]
+    except (EOFError, RuntimeError) as exc:
+        raise LaunchError(
+            f"a scheduler rank failed during start-up ({type(exc).__name__})"
+        ) from exc
+    processes = [p for p in multiprocessing.active_children() if p not in before]
+    if llm is None:
+        raise LaunchError("this node runs no front end (node_rank >= 1 is not served over gRPC)")
+    return Launched(llm, server_args, dict(info or {}), processes)
+
+
+def start_frontend(llm: Any, on_failure: Callable[[str], None]) -> list[asyncio.Task[None]]:
+    """Start the front end's receive loops on the running loop (instead of its
+    ``auto_create_handle_loop``, which would also install TokenSpeed's SIGTERM handler and its
+    process-killing watchdog). A loop that fails reports ``on_failure`` (the engine is dead)."""
+    llm.no_create_loop = True
+    loop = asyncio.get_running_loop()
+
+    async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("TokenSpeed's %s failed", name)
+            on_failure(f"TokenSpeed's {name} failed")
+
+    tasks = [
+        loop.create_task(guarded("output loop", llm.handle_loop)),
+        loop.create_task(guarded("load-snapshot loop", llm.load_snapshot_loop)),
+    ]
+    llm.asyncio_tasks.update(tasks)
+    llm._maybe_launch_rl_control_plane(loop)  # pyright: ignore[reportPrivateUsage]
+    return tasks
+
+
+def generate_input(spec: ChildSpec, *, log_metrics: bool = True) -> Any:
+    """TokenSpeed's ``GenerateReqInput`` for one choice."""
+    host, port, room = spec.bootstrap if spec.bootstrap is not None else (None, None, None)
+    req = io.GenerateReqInput(
+        input_ids=list(spec.input_ids),
+        sampling_params=dict(spec.sampling),
+        return_logprob=spec.return_logprob,
+        logprob_start_len=spec.logprob_start_len,
+        top_logprobs_num=spec.top_logprobs_num,
+        token_ids_logprob=spec.token_ids_logprob,
+        stream=spec.stream,
+        log_metrics=log_metrics,
+        bootstrap_host=host,
+        bootstrap_port=port,
+        bootstrap_room=room,
+        data_parallel_rank=spec.data_parallel_rank,
+    )
+    req.rid = spec.rid
+    return req
+
+
+def dp_size(server_args: Any) -> int:
+    """Attention data-parallel ranks (each has a scheduler, a load snapshot, a KV publisher)."""
+    try:
+        return max(int(server_args.mapping.attn.dp_size), 1)
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
+def model_facts(llm: Any) -> dict[str, Any]:
+    """What ``GetModelInfo`` reports of the model, from TokenSpeed's ``ModelConfig``."""
+    config = llm.model_config
+    hf = config.hf_config
+    tokenizer = llm.tokenizer
+    eos = getattr(config, "hf_eos_token_id", None) or getattr(hf, "eos_token_id", None)
+    eos_ids = sorted(eos) if isinstance(eos, set | list | tuple) else ([eos] if eos else [])
+    if not eos_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos_ids = [int(tokenizer.eos_token_id)]
+    modalities: list[str] = []
+    if getattr(config, "is_multimodal", False):
+        modalities.append("image")
+        if getattr(hf, "video_token_id", None) is not None:
+            modalities.append("video")
+    return {
+        "vocab_size": int(config.vocab_size),
+        "context_length": int(llm.context_len),
+        "is_generation": bool(config.is_generation),
+        "model_type": str(getattr(hf, "model_type", "") or ""),
+        "architectures": list(getattr(hf, "architectures", None) or []),
+        "eos_token_ids": [int(t) for t in eos_ids],
+        "pad_token_id": int(getattr(hf, "pad_token_id", None) or 0),
+        "bos_token_id": int(getattr(hf, "bos_token_id", None) or 0),
+        "max_req_input_len": int(llm.max_req_input_len or 0),
+        "modalities": modalities,
+    }

@@ -1,0 +1,309 @@
+"""A CPU stand-in for TokenSpeed's GPU scheduler process, speaking TokenSpeed's own wire.
+
+TokenSpeed 0.1.1's scheduler needs CUDA; its front end (``AsyncLLM``, the request path, the
+load-snapshot store, the communicators) runs on a CPU. :func:`run` takes the scheduler's place
+(``SMG_TOKENSPEED_SCHEDULER=smg_servicer_tokenspeed.testing.scheduler:run``, see
+:mod:`smg_servicer_tokenspeed._tokenspeed`): it is started by TokenSpeed's own
+``_launch_subprocesses`` exactly as ``run_event_loop`` is, connects to the front end's real
+sockets and answers with TokenSpeed's ``io_struct`` messages:
+
+- the ready dict on the start-up pipe (``max_model_len`` from the model's ``config.json``);
+- ``TokenizedGenerateReqInput``: one token per running request per step (``step_ms``), batched
+  into one ``BatchTokenIDOut`` per step; tokens are a deterministic function of the request's
+  seed, prompt and position (:func:`token_at`; greedy requests have TokenSpeed's pinned seed 0),
+  never an EOS id; ``stop_token_ids`` finish with ``{"type": "stop", "matched": id}``,
+  ``max_new_tokens`` with ``{"type": "length"}``; logprob columns when asked;
+- ``AbortReq`` drops the request; ``FlushCacheReqInput`` succeeds only with nothing running;
+  ``ProfileReq`` start/stop (a second start or a stop without start fails, as the real one does);
+  ``IsSchedulerPausedReqInput``;
+- a ``LoadSnapshot`` on the metrics socket on every change and every second;
+- an injected crash: a request whose id starts with ``crash_prefix`` ends the process (exit 17).
+
+Every message it receives is appended as one JSON line to ``record`` (when set), which is how
+tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDIN`` (a JSON object:
+``step_ms``, ``record``, ``crash_prefix``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import zmq
+
+from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_tokenspeed._tokenspeed import io
+
+logger = logging.getLogger(__name__)
+
+STANDIN = Setting(
+    "standin", json.loads, {}, "options of the scheduler stand-in (JSON)", env="SMG_TS_STANDIN"
+)
+ENTRY = "smg_servicer_tokenspeed.testing.scheduler:run"
+CRASH_EXIT = 17
+KV_TOKENS = 65536
+MAX_NUM_SEQS = 8
+HEARTBEAT_S = 1.0
+#: Ids below this are never produced (specials of small vocabularies live there).
+FIRST_TOKEN = 3
+
+
+def token_at(seed: int, prompt: Sequence[int], position: int, vocab: int, avoid: set[int]) -> int:
+    """The stand-in's token at ``position`` of a request (deterministic, never in ``avoid``)."""
+    base = zlib.crc32(f"{seed}:{sum(prompt)}:{len(prompt)}:{position}".encode())
+    token = FIRST_TOKEN + base % (vocab - FIRST_TOKEN)
+    while token in avoid:
+        token = FIRST_TOKEN + (token + 1 - FIRST_TOKEN) % (vocab - FIRST_TOKEN)
+    return token
+
+
+def logprob_at(position: int, token: int) -> float:
+    """A distinct, negative logprob per position (so merged frames stay tellable apart)."""
+    return -round(0.01 * (position + 1) + (token % 7) * 0.1, 6)
+
+
+@dataclass
+class _Req:
+    rid: str
+    prompt: list[int]
+    max_new: int
+    seed: int
+    stop_ids: set[int]
+    return_logprob: bool
+    produced: list[int] = field(default_factory=list[int])
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    try:
+        value = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}  # pyright: ignore[reportUnknownVariableType]
+
+
+class StandIn:
+    def __init__(self, server_args: Any, port_args: Any, options: dict[str, Any]) -> None:
+        self.io = io
+        self.zmq = zmq
+        config = _model_config(str(server_args.model))
+        self.vocab = int(config.get("vocab_size") or 32000)
+        eos: Any = config.get("eos_token_id")
+        eos_ids: list[Any] = cast(list[Any], eos) if isinstance(eos, list) else [eos]
+        self.eos: set[int] = {int(t) for t in eos_ids if t is not None}
+        self.context = int(
+            getattr(server_args, "max_model_len", None)
+            or config.get("max_position_embeddings")
+            or 2048
+        )
+        self.step_s = float(options.get("step_ms", 2)) / 1000
+        self.crash_prefix = str(options.get("crash_prefix") or "")
+        record = options.get("record")
+        self.record_path = Path(record) if record else None
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.connect(port_args.scheduler_input_ipc_name)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(port_args.tokenizer_ipc_name)
+        self.loads = self.ctx.socket(zmq.PUSH)
+        self.loads.connect(port_args.metrics_ipc_name)
+        self.receiver = io.IpcReceiver(self.pull)
+        self.sender = io.IpcSender(self.push)
+        self.encoder = io.MsgpackEncoder()
+        self.running: dict[str, _Req] = {}
+        self.profiling = False
+        self.epoch = uuid.uuid4().hex
+        self.sequence = 0
+        self.last_load: tuple[int, int] | None = None
+        self.last_load_at = 0.0
+
+    def ready(self) -> dict[str, Any]:
+        return {
+            "status": "ready",
+            "max_total_num_tokens": KV_TOKENS,
+            "max_req_input_len": self.context - 1,
+            "max_single_request_tokens": self.context,
+            "max_num_seqs": MAX_NUM_SEQS,
+            "chunked_prefill_size": self.context,
+            "max_model_len": self.context,
+            "multimodal_encoder_dtype": "",
+            "cache_storage": None,
+            "supports_prompt_logprobs": False,
+        }
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        if self.record_path is None:
+            return
+        with self.record_path.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        poller = self.zmq.Poller()
+        poller.register(self.pull, self.zmq.POLLIN)
+        while True:
+            timeout_ms = int((self.step_s if self.running else HEARTBEAT_S) * 1000) or 1
+            if poller.poll(timeout_ms):
+                while self.pull.poll(0):
+                    self.handle(self.receiver.recv_pyobj())
+            if self.running:
+                self.step()
+            self.publish_load()
+
+    def handle(self, obj: Any) -> None:
+        io = self.io
+        if isinstance(obj, io.TokenizedGenerateReqInput):
+            self.generate(obj)
+        elif isinstance(obj, io.AbortReq):
+            self._record({"type": "abort", "rid": obj.rid})
+            self.running.pop(str(obj.rid), None)
+        elif isinstance(obj, io.FlushCacheReqInput):
+            self._record({"type": "flush", "running": len(self.running)})
+            self.sender.send_pyobj(io.FlushCacheReqOutput(success=not self.running))
+        elif isinstance(obj, io.ProfileReq):
+            start = obj.type == io.ProfileReqType.START_PROFILE
+            self._record({"type": "profile", "start": start, "output_dir": obj.output_dir})
+            if start == self.profiling:
+                message = "profiling is already running" if start else "profiling is not running"
+                self.sender.send_pyobj(io.ProfileReqOutput(success=False, message=message))
+            else:
+                self.profiling = start
+                message = "profiling started" if start else "profiling stopped"
+                self.sender.send_pyobj(io.ProfileReqOutput(success=True, message=message))
+        elif isinstance(obj, io.IsSchedulerPausedReqInput):
+            self.sender.send_pyobj(io.IsSchedulerPausedReqOutput(is_paused=False))
+        else:
+            self._record({"type": type(obj).__name__})
+            logger.info("stand-in scheduler ignores %s", type(obj).__name__)
+
+    def generate(self, obj: Any) -> None:
+        rid = str(obj.rid)
+        params = obj.sampling_params
+        max_new = params.max_new_tokens if params.max_new_tokens is not None else 16
+        self._record(
+            {
+                "type": "generate",
+                "rid": rid,
+                "input_len": len(obj.input_ids or []),
+                "max_new_tokens": max_new,
+                "seed": params.seed,
+                "stream": bool(obj.stream),
+                "return_logprob": bool(obj.return_logprob),
+                "data_parallel_rank": obj.data_parallel_rank,
+                "bootstrap_room": obj.bootstrap_room,
+                "multimodal": obj.multimodal_inputs is not None,
+                "json_schema": params.json_schema,
+                "regex": params.regex,
+                "structural_tag": params.structural_tag,
+            }
+        )
+        if self.crash_prefix and rid.startswith(self.crash_prefix):
+            logger.error("stand-in scheduler: injected crash on %s", rid)
+            os._exit(CRASH_EXIT)
+        req = _Req(
+            rid=rid,
+            prompt=list(obj.input_ids or []),
+            max_new=int(max_new),
+            seed=int(params.seed or 0),
+            stop_ids=set(params.stop_token_ids or ()),
+            return_logprob=bool(obj.return_logprob),
+        )
+        if req.max_new <= 0:  # a prefix warm-up: prefill only
+            self.emit([(req, [], {"type": "length", "length": 0})])
+            return
+        self.running[rid] = req
+
+    def step(self) -> None:
+        out: list[tuple[_Req, list[int], dict[str, Any] | None]] = []
+        for req in list(self.running.values()):
+            token = token_at(req.seed, req.prompt, len(req.produced), self.vocab, self.eos)
+            req.produced.append(token)
+            finish: dict[str, Any] | None = None
+            if token in req.stop_ids:
+                finish = {"type": "stop", "matched": token}
+            elif len(req.produced) >= req.max_new:
+                finish = {"type": "length", "length": req.max_new}
+            if finish is not None:
+                del self.running[req.rid]
+            out.append((req, [token], finish))
+        if out:
+            self.emit(out)
+
+    def emit(self, rows: list[tuple[_Req, list[int], dict[str, Any] | None]]) -> None:
+        """One ``BatchTokenIDOut`` for every request that got a token this step."""
+        reqs = [req for req, _, _ in rows]
+        new_ids = [list(ids) for _, ids, _ in rows]
+        logprobs: list[list[float]] = []
+        logprob_ids: list[list[int]] = []
+        for req, ids in zip(reqs, new_ids, strict=True):
+            first = len(req.produced) - len(ids)
+            wanted = req.return_logprob
+            logprobs.append([logprob_at(first + i, t) for i, t in enumerate(ids)] if wanted else [])
+            logprob_ids.append(list(ids) if wanted else [])
+        empty: list[list[Any]] = [[] for _ in rows]
+        self.sender.send_pyobj(
+            self.io.BatchTokenIDOut(
+                rids=[req.rid for req in reqs],
+                finished_reasons=[finish for _, _, finish in rows],
+                decoded_texts=["" for _ in rows],
+                decode_ids=new_ids,
+                read_offsets=[0 for _ in rows],
+                output_ids=new_ids,
+                output_multi_ids=None,
+                skip_special_tokens=[True for _ in rows],
+                spaces_between_special_tokens=[True for _ in rows],
+                no_stop_trim=[False for _ in rows],
+                prompt_tokens=[len(req.prompt) for req in reqs],
+                completion_tokens=[len(req.produced) for req in reqs],
+                cached_tokens=[0 for _ in rows],
+                spec_verify_ct=[0 for _ in rows],
+                input_token_logprobs_val=empty,
+                input_token_logprobs_idx=empty,
+                output_token_logprobs_val=logprobs,
+                output_token_logprobs_idx=logprob_ids,
+                input_top_logprobs_val=empty,
+                input_top_logprobs_idx=empty,
+                output_top_logprobs_val=empty,
+                output_top_logprobs_idx=empty,
+                input_token_ids_logprobs_val=empty,
+                input_token_ids_logprobs_idx=empty,
+                output_token_ids_logprobs_val=empty,
+                output_token_ids_logprobs_idx=empty,
+                output_hidden_states=[],
+                batch_accept_draft_tokens=[],
+                output_extra_infos=[],
+                generated_time=time.time(),
+            )
+        )
+
+    def publish_load(self) -> None:
+        used = sum(len(r.prompt) + len(r.produced) for r in self.running.values())
+        load = (len(self.running), used)
+        now = time.monotonic()
+        if load == self.last_load and now - self.last_load_at < HEARTBEAT_S:
+            return
+        self.last_load, self.last_load_at = load, now
+        self.sequence += 1
+        snapshot = self.io.LoadSnapshot(
+            self.epoch, self.sequence, 0, len(self.running), 0, used, used, KV_TOKENS,
+            int(3 * HEARTBEAT_S * 1000),
+        )  # fmt: skip
+        frames = self.encoder.encode(snapshot)
+        self.loads.send(frames[0], flags=self.zmq.NOBLOCK)
+
+
+def run(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
+    """The scheduler process's entry point (TokenSpeed's ``run_event_loop`` signature)."""
+    logging.basicConfig(level=logging.INFO)
+    options = setting_value(STANDIN)
+    standin = StandIn(server_args, port_args, options if isinstance(options, dict) else {})  # pyright: ignore[reportUnknownArgumentType]
+    pipe_writer.send(standin.ready())
+    standin.serve()

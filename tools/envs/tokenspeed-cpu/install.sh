@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The TokenSpeed CPU test environment (.venv-tokenspeed/ at the repo root, or $1): TokenSpeed
+# 0.1.1's Python front end on the CPU build of torch, without its CUDA dependencies (2.1 GB
+# instead of ~9 GB).
+#
+# Why a separate environment: tokenspeed 0.1.1 requires ~8.9 GB of CUDA wheels (torch CUDA,
+# flashinfer, tokenspeed-kernel, -mooncake, ...) and its own forks of the router, the proto and
+# the servicer (tokenspeed-smg, tokenspeed-smg-grpc-proto, tokenspeed-smg-grpc-servicer), which
+# would shadow ours. It is installed with --no-deps plus the pinned set of what its front end
+# imports on a text model (requirements.txt), and:
+#   - tokenspeed-scheduler==0.1.36: 0.1.1 imports CacheGroupFamily, which 0.1.37+ dropped;
+#   - three import stubs (stubs/, each says why and when it goes away) on the path via a .pth;
+#   - the workspace packages, editable, so the tests run the checkout's code;
+#   - the real router (smg), which `ts serve` checks for and the ts-serve test launches.
+# The GPU scheduler itself cannot run here: the tests replace it with the stand-in in
+# smg_servicer_tokenspeed.testing.scheduler (SMG_TOKENSPEED_SCHEDULER).
+#
+# Idempotent: a second run with the same inputs only checks the stamp file.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+venv="${1:-$root/.venv-tokenspeed}"
+stamp="$venv/.smg-env-stamp"
+# Rebuilt when this script, the pins, the stubs or a workspace package's metadata change.
+members=(smg-servicer-core smg-grpc-servicer smg-servicer-kv-bridge smg-servicer-tokenspeed)
+inputs=("$here/install.sh" "$here/requirements.txt")
+while IFS= read -r stub; do inputs+=("$stub"); done < <(find "$here/stubs" -name '*.py' | sort)
+for member in "${members[@]}"; do inputs+=("$root/packages/$member/pyproject.toml"); done
+want="$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "tokenspeed-cpu env up to date: $venv"
+    exit 0
+fi
+export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
+rm -rf "$venv"
+uv venv --quiet --python 3.11 "$venv"
+export VIRTUAL_ENV="$venv"
+# torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
+uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
+uv pip install --quiet --no-deps tokenspeed==0.1.1 tokenspeed-scheduler==0.1.36
+editables=()
+for member in "${members[@]}"; do editables+=(-e "$root/packages/$member"); done
+uv pip install --quiet --no-deps "${editables[@]}"
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$here/stubs" >"$site/smg_tokenspeed_cpu_stubs.pth"
+"$venv/bin/python" - <<'PY'
+import tokenspeed.runtime.engine.io_struct  # noqa: F401  (the scheduler wire)
+import tokenspeed.runtime.entrypoints.engine  # noqa: F401  (_launch_subprocesses, AsyncLLM)
+import tokenspeed.cli.serve_smg  # noqa: F401  (ts serve)
+import smg_servicer_tokenspeed._tokenspeed, smg_grpc_servicer, smg  # noqa: F401, E401
+print("tokenspeed-cpu env ok")
+PY
+echo "$want" >"$stamp"
