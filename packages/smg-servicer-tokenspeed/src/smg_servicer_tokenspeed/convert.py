@@ -139,7 +139,7 @@ def generate_specs(request: pb.GenerateRequest, limits: Limits) -> list[ChildSpe
         raise InvalidRequest("this worker takes tokenized input only (set tokenized.input_ids)")
     ids = list(request.tokenized.input_ids)
     validate.prompt(ids, limits.vocab_size, limits.context_length)
-    validate.logprob_count("top_logprobs_num", request.top_logprobs_num)
+    validate.logprob_count("logprobs", request.top_logprobs_num)
     for token in request.token_ids_logprob:
         if token >= limits.vocab_size:
             raise InvalidRequest(

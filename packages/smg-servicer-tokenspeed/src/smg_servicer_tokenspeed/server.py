@@ -38,12 +38,12 @@ from smg_servicer_core.cli import (
 from smg_servicer_core.config import ResolvedSettings, Setting, environment, parse_bool, resolve
 from smg_servicer_core.config import setting_value as value_of
 from smg_servicer_core.entry import ExitCode
-from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.errors import ConfigError, ServicerError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.server import MiB, ServerOptions, serve
 from smg_servicer_core.watchdog import Watchdog, child_exited
 from smg_servicer_tokenspeed import _tokenspeed as ts
-from smg_servicer_tokenspeed import kv_events
+from smg_servicer_tokenspeed import convert, kv_events
 from smg_servicer_tokenspeed.convert import ChildSpec
 from smg_servicer_tokenspeed.servicer import SERVICE_NAME, TokenSpeedServicer
 
@@ -89,11 +89,14 @@ def warmup_wanted() -> bool:
 
 async def warm_up(servicer: TokenSpeedServicer) -> None:
     """One greedy one-token request through the scheduler; raises if it fails."""
-    spec = ChildSpec("WARMUP_generate", 0, [0], {"max_new_tokens": 1, "temperature": 0.0}, False)
+    rid = "WARMUP_generate"
+    spec = ChildSpec(rid, 0, [0], {"max_new_tokens": 1, "temperature": 0.0}, False)
     outputs = servicer.llm.generate_request(ts.generate_input(spec, log_metrics=False))
     try:
-        async for _ in outputs:
-            pass
+        async for output in outputs:
+            error = convert.failure(convert.frame(output).finish, rid)
+            if error is not None:
+                raise error
     finally:
         await outputs.aclose()
 
@@ -145,7 +148,8 @@ class Engine:
         try:
             await asyncio.wait_for(warm_up(self.servicer), WARMUP_TIMEOUT_S)
         except Exception as exc:
-            logger.error("warm-up failed (%s): staying NOT_SERVING", type(exc).__name__ or "error")
+            detail = exc.message if isinstance(exc, ServicerError) else type(exc).__name__
+            logger.error("warm-up failed (%s): staying NOT_SERVING", detail)
             logger.debug("warm-up failure", exc_info=True)
             await asyncio.Event().wait()  # NOT_SERVING until a stop signal or engine death
         logger.info("warm-up request done")

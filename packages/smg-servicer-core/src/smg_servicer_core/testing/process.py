@@ -1,13 +1,25 @@
-"""Start a server process that reports its bound port through a file (``--port-file``)."""
+"""Server processes for tests: one that reports its bound port through a file
+(``--port-file``), and :class:`WorkerProcess`, a worker launched as users launch it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from smg_servicer_core.config import environment
 
 
 def spawn_with_port_file(
@@ -46,3 +58,84 @@ def fake_server_command(port_file: Path, *flags: str) -> list[str]:
         str(port_file),
         *flags,
     ]
+
+
+def free_port(below: int = 55536) -> int:
+    """A free loopback port in [20000, ``below``) (SGLang derives a port at +10000, so its
+    workers stay below 55536)."""
+    for _ in range(200):
+        port = 20000 + int.from_bytes(os.urandom(2)) % (below - 20000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+@dataclass
+class WorkerProcess:
+    """A worker launched as users launch it, its output in a log file; every wait is bounded and
+    it is stopped by PID (SIGTERM, then SIGKILL after a grace period)."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    #: The engine service ``grpc.health.v1`` is asked about.
+    service: str
+    metrics_port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def wait_serving(self, timeout_s: float = 240.0) -> None:
+        """Until ``grpc.health.v1`` says SERVING for the engine service."""
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.address) as channel:
+            stub: Any = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"exited {self.proc.returncode}:\n{self.tail()}")
+                try:
+                    reply = stub.Check(
+                        health_pb2.HealthCheckRequest(service=self.service), timeout=2
+                    )
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.25)
+        raise TimeoutError(f"not SERVING within {timeout_s}s:\n{self.tail()}")
+
+    def stop(self, grace_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_worker(
+    cmd: Sequence[str], port: int, service: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    """Start ``cmd`` (which listens on ``port``) with ``env`` added to this environment."""
+    log = Path(tempfile.mkstemp(prefix="smg-worker-", suffix=".log")[1])
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            list(cmd), stdout=fh, stderr=subprocess.STDOUT, env={**environment(), **(env or {})}
+        )
+    return WorkerProcess(proc, port, log, service)

@@ -17,11 +17,14 @@ sockets and answers with TokenSpeed's ``io_struct`` messages:
   ``ProfileReq`` start/stop (a second start or a stop without start fails, as the real one does);
   ``IsSchedulerPausedReqInput``;
 - a ``LoadSnapshot`` on the metrics socket on every change and every second;
-- an injected crash: a request whose id starts with ``crash_prefix`` ends the process (exit 17).
+- an injected crash: a request whose id starts with ``crash_prefix`` ends the process (exit 17);
+- injected refusals: a request whose id starts with a key of ``refuse`` (``{prefix: status}``)
+  finishes at once with ``{"type": "abort", "status_code": status, "message": ...}``, as the real
+  scheduler refuses a request it cannot serve.
 
 Every message it receives is appended as one JSON line to ``record`` (when set), which is how
 tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDIN`` (a JSON object:
-``step_ms``, ``record``, ``crash_prefix``).
+``step_ms``, ``record``, ``crash_prefix``, ``refuse``).
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class StandIn:
         )
         self.step_s = float(options.get("step_ms", 2)) / 1000
         self.crash_prefix = str(options.get("crash_prefix") or "")
+        self.refuse: dict[str, int] = {
+            str(k): int(v) for k, v in dict(options.get("refuse") or {}).items()
+        }
         record = options.get("record")
         self.record_path = Path(record) if record else None
         self.ctx = zmq.Context()
@@ -208,6 +214,12 @@ class StandIn:
         if self.crash_prefix and rid.startswith(self.crash_prefix):
             logger.error("stand-in scheduler: injected crash on %s", rid)
             os._exit(CRASH_EXIT)
+        status = next((v for k, v in self.refuse.items() if rid.startswith(k)), None)
+        if status is not None:
+            message = f"the stand-in scheduler refused the request ({status})"
+            refused = {"type": "abort", "status_code": status, "message": message}
+            self.emit([(_Req(rid, list(obj.input_ids or []), 0, 0, set(), False), [], refused)])
+            return
         req = _Req(
             rid=rid,
             prompt=list(obj.input_ids or []),

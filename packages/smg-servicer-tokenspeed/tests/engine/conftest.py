@@ -1,0 +1,61 @@
+"""Fixtures for the TokenSpeed servicer tests on TokenSpeed's real front end (``AsyncLLM``,
+``_launch_subprocesses``, its sockets and wire), with only the GPU scheduler stood in
+(``smg_servicer_tokenspeed.testing.scheduler``). They run in the TokenSpeed CPU environment
+(``tools/envs/tokenspeed-cpu/install.sh``; ``tools/test.sh`` runs them).
+
+``ts_server`` is ``python -m smg_grpc_servicer.tokenspeed`` (what ``ts serve`` spawns), started
+once per session on the tiny model; ``record`` is the JSON-lines file where the stand-in writes
+every message it receives.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import SECRET, Record, start_ts, stop_clean
+
+from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_core.testing.process import WorkerProcess, free_port
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
+    return cached_tiny_model(root)
+
+
+@pytest.fixture(scope="session")
+def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
+    return Record(tmp_path_factory.mktemp("standin") / "record.jsonl")
+
+
+@pytest.fixture(scope="session")
+def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
+    metrics_port = free_port()
+    server = start_ts(
+        tiny_model,
+        record.path,
+        "--enable-output-logprobs",
+        "--reasoning-parser", "qwen3",
+        "--rl-control-api-key", SECRET,
+        env={"SMG_TOKENSPEED_SERVICER_METRICS_PORT": str(metrics_port)},
+        step_ms=2,
+        refuse={"refuse-400": 400, "refuse-503": 503, "refuse-500": 500},
+    )  # fmt: skip
+    server.metrics_port = metrics_port
+    try:
+        server.wait_serving()
+        yield server
+    finally:
+        code, alive = stop_clean(server)
+        assert code == 0, server.tail()
+        assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
