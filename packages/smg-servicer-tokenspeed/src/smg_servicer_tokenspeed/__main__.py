@@ -1,7 +1,7 @@
 """``python -m smg_servicer_tokenspeed [servicer flags] <TokenSpeed server flags>``.
 
 The servicer's own flags come first and are taken out (``--grace-period``, ``--metrics-port``,
-``--metrics-host``; each also read from its variable, see ``server.servicer_settings``);
+``--metrics-host``; each also read from its variable, see :mod:`smg_servicer_tokenspeed.settings`);
 everything else goes to TokenSpeed's ``prepare_server_args`` (``--model``, ``--host``,
 ``--port``, ...). ``--help`` prints both sets. ``ts serve`` runs this module through the facade
 (``python -m smg_grpc_servicer.tokenspeed``). Exit codes (core's ``ExitCode``): 0 stopped by a
@@ -15,13 +15,12 @@ import sys
 
 from smg_servicer_core.entry import ExitCode, run_main
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_tokenspeed.settings import resolve_settings, servicer_settings
 
 PROG = "smg_servicer_tokenspeed"
 
 
 def own_parser() -> argparse.ArgumentParser:
-    from smg_servicer_tokenspeed.server import servicer_settings  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", add_help=False)
     group = parser.add_argument_group("servicer (before the TokenSpeed flags)")
     for setting in servicer_settings():
@@ -37,15 +36,19 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         print("\nTokenSpeed server flags:")
     try:
+        settings = resolve_settings(own)
+    except ConfigError as exc:
+        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
+        sys.exit(ExitCode.CONFIG)
+    try:
         from smg_servicer_tokenspeed import _tokenspeed as ts  # noqa: PLC0415
-        from smg_servicer_tokenspeed.server import resolve_settings, run  # noqa: PLC0415
+        from smg_servicer_tokenspeed.server import run  # noqa: PLC0415
     except ImportError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         sys.exit(ExitCode.CONFIG)
     try:
-        settings = resolve_settings(own)
         server_args = ts.prepare(rest)
-    except (ConfigError, ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         sys.exit(ExitCode.CONFIG)
     run_main(lambda: run(server_args, settings=settings), PROG)

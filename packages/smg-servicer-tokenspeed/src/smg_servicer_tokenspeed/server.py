@@ -30,61 +30,25 @@ from typing import Any
 import psutil
 
 from smg_servicer_core.cli import (
-    SERVER_SETTINGS,
     check_metrics_port,
-    metrics_settings,
     start_metrics,
 )
-from smg_servicer_core.config import ResolvedSettings, Setting, environment, parse_bool, resolve
-from smg_servicer_core.config import setting_value as value_of
+from smg_servicer_core.config import ResolvedSettings
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError, ServicerError
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.server import MiB, ServerOptions, serve
+from smg_servicer_core.server import ServerOptions, serve
 from smg_servicer_core.watchdog import Watchdog, child_exited
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, kv_events
 from smg_servicer_tokenspeed.convert import ChildSpec
 from smg_servicer_tokenspeed.servicer import SERVICE_NAME, TokenSpeedServicer
+from smg_servicer_tokenspeed.settings import resolve_settings, warmup_wanted
 
 logger = logging.getLogger(__name__)
 
-WARMUP = Setting(
-    "warmup",
-    parse_bool,
-    True,
-    "one warm-up request before SERVING",
-    env="SMG_TOKENSPEED_SERVICER_WARMUP",
-)
-SKIP_WARMUP = Setting(
-    "skip_warmup", parse_bool, False, "skip the warm-up (TokenSpeed's name)",
-    env="TOKENSPEED_SKIP_GRPC_WARMUP",
-)  # fmt: skip
-MAX_MESSAGE_BYTES = Setting(
-    "max_message_bytes",
-    int,
-    256 * MiB,
-    "gRPC message size limit in bytes",
-    env="TOKENSPEED_GRPC_MAX_MESSAGE_BYTES",
-    validate=lambda v: None if 1 <= v <= 2**31 - 1 else "must be in [1, 2147483647]",
-)
 WARMUP_TIMEOUT_S = 180.0
 RANK_STOP_S = 2.0
-
-
-def servicer_settings() -> tuple[Setting[Any], ...]:
-    """The servicer's own settings (TokenSpeed owns host, port, model and logging): the grace
-    period, the metrics flags and the message-size limit."""
-    grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
-    return (grace, *metrics_settings("tokenspeed"), MAX_MESSAGE_BYTES)
-
-
-def resolve_settings(namespace: Any = None) -> ResolvedSettings:
-    return resolve(servicer_settings(), namespace, environment())
-
-
-def warmup_wanted() -> bool:
-    return bool(value_of(WARMUP)) and not value_of(SKIP_WARMUP)
 
 
 async def warm_up(servicer: TokenSpeedServicer) -> None:

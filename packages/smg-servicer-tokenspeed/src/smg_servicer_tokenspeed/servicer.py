@@ -30,7 +30,7 @@ from typing import Any
 import grpc.aio
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_core.config import setting_value
 from smg_servicer_core.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -53,6 +53,7 @@ from smg_servicer_kv_bridge import subscribe
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, info, kv_events, loads
 from smg_servicer_tokenspeed.convert import ChildSpec, Choice, Limits
+from smg_servicer_tokenspeed.settings import HEALTH_TIMEOUT, PAIRING_PROTOCOL, PAUSE_PROBE_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -60,23 +61,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["TokenSpeedScheduler"].full_name
 HEALTH_PROBE_PREFIX = "HEALTH_CHECK_"
 HEALTH_POLL_S = 0.5
-HEALTH_TIMEOUT = Setting(
-    "health_timeout_s",
-    float,
-    20.0,
-    "seconds the deep HealthCheck probe waits for the scheduler",
-    env="TOKENSPEED_HEALTH_CHECK_TIMEOUT",
-)
-PAUSE_PROBE_TIMEOUT = Setting(
-    "pause_probe_timeout_s",
-    float,
-    2.0,
-    "seconds GetServerInfo waits for the scheduler's pause state",
-    env="TOKENSPEED_PAUSE_PROBE_TIMEOUT",
-)
-PAIRING_PROTOCOL = Setting(
-    "pairing_protocol", str.strip, "", "advertised PD pairing protocol", env="SMG_PAIRING_PROTOCOL"
-)
 LOADS_TIMEOUT_S = 20.0
 FLUSH_RETRY_S = 0.05
 FLUSH_MIN_WINDOW_S = 2.0

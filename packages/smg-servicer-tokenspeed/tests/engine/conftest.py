@@ -11,16 +11,20 @@ every message it receives.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import SECRET, Record, start_ts, stop_clean
 
+from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
+from smg_servicer_core.proto import tokenspeed_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import WorkerProcess, free_port
 
@@ -55,7 +59,34 @@ def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
     try:
         server.wait_serving()
         yield server
+        drained = drain_on_sigterm(server)
     finally:
         code, alive = stop_clean(server)
-        assert code == 0, server.tail()
-        assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
+    # SIGTERM mid-stream: the stream completed, new calls were refused, exit 0, nothing left.
+    assert drained == (DRAIN_TOKENS, "length"), drained
+    assert code == 0, server.tail()
+    assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
+
+
+DRAIN_TOKENS = 300
+
+
+def drain_on_sigterm(server: WorkerProcess) -> tuple[int, str]:
+    """Start a stream, SIGTERM the worker, read the stream to its end: (tokens, finish)."""
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.TokenSpeedSchedulerStub(channel)
+        req = pb.GenerateRequest(
+            request_id="drain",
+            tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+            sampling_params=pb.SamplingParams(max_new_tokens=DRAIN_TOKENS),
+            stream=True,
+        )
+        stream = stub.Generate(req, timeout=60)
+        messages = [next(stream)]
+        server.proc.send_signal(signal.SIGTERM)
+        messages.extend(stream)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # pyright: ignore[reportAttributeAccessIssue]
+    tokens = sum(len(m.chunk.token_ids) for m in messages if m.HasField("chunk"))
+    return tokens, messages[-1].complete.finish_reason
