@@ -59,7 +59,12 @@ def test_vllm_package_imports_without_vllm() -> None:
 
 
 @pytest.mark.unit
-def test_python_m_tokenspeed_names_the_package() -> None:
+def test_python_m_tokenspeed_without_tokenspeed_says_how_to_get_it() -> None:
+    """smg-servicer-tokenspeed is in this environment, TokenSpeed is not (it has its own): the
+    launcher shows its own flags, then says where TokenSpeed comes from (exit 2, no traceback)."""
+    assert _installed("smg_servicer_tokenspeed")
+    if _installed("tokenspeed"):
+        pytest.fail("tokenspeed is installed in this environment; this test covers its absence")
     result = subprocess.run(
         [sys.executable, "-m", "smg_grpc_servicer.tokenspeed", "--help"],
         capture_output=True,
@@ -67,8 +72,14 @@ def test_python_m_tokenspeed_names_the_package() -> None:
         timeout=60,
         check=False,
     )
-    assert result.returncode != 0
-    assert "smg-servicer-tokenspeed" in result.stderr
+    assert result.returncode == 2
+    assert "--metrics-port" in result.stdout
+    assert "TokenSpeed is not installed" in result.stderr
+    assert "Traceback" not in result.stderr
+    # ts serve checks for this module before it spawns the launcher.
+    assert _installed("smg_grpc_servicer.tokenspeed.server")
+    with pytest.raises(ImportError, match="TokenSpeed is not installed"):
+        importlib.import_module("smg_grpc_servicer.tokenspeed.server")
 
 
 @pytest.mark.unit
@@ -107,8 +118,10 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
         "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
         "import smg_servicer_vllm.sampling\n"
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
+        "import smg_servicer_tokenspeed.convert, smg_servicer_tokenspeed.info\n"
+        "import smg_servicer_tokenspeed.loads, smg_servicer_tokenspeed.settings\n"
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'vllm', 'mlx', "
-        "'mlx_lm', 'torch', 'zmq'})\n"
+        "'mlx_lm', 'torch', 'zmq', 'tokenspeed'})\n"
         "print(','.join(loaded))\n"
     )
     result = subprocess.run(
