@@ -9,7 +9,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from smg_it.harness import Router, Worker, free_port, mlx_worker, sglang_worker, vllm_worker
+from smg_it.harness import (
+    Router,
+    Worker,
+    free_port,
+    mlx_worker,
+    sglang_worker,
+    tokenspeed_worker,
+    vllm_worker,
+)
 from smg_servicer_core.testing import cached_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,4 +45,10 @@ def vllm_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
 def sglang_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
     port = free_port(below=55536)
     with sglang_worker(tiny_model, port) as worker, Router(worker.url) as router:
+        yield worker, router
+
+
+@pytest.fixture(scope="module")
+def tokenspeed_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
+    with tokenspeed_worker(tiny_model, free_port()) as worker, Router(worker.url) as router:
         yield worker, router

@@ -1,7 +1,9 @@
 """The real smg router in front of each engine's servicer, launched the way users launch it:
 MLX through ``python -m smg_grpc_servicer.mlx``, vLLM through its own gRPC launcher (which
 imports ``smg_grpc_servicer.vllm``), SGLang through ``sglang serve --smg-grpc-mode`` (which calls
-``smg_grpc_servicer.sglang.server.serve_grpc``)."""
+``smg_grpc_servicer.sglang.server.serve_grpc``), TokenSpeed through
+``python -m smg_grpc_servicer.tokenspeed`` (what ``ts serve`` spawns; TokenSpeed's real front end
+with its GPU scheduler stood in)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from smg_servicer_core.proto import (
     mlx_engine_pb2_grpc,
     sglang_scheduler_pb2,
     sglang_scheduler_pb2_grpc,
+    tokenspeed_scheduler_pb2,
+    tokenspeed_scheduler_pb2_grpc,
     vllm_engine_pb2,
     vllm_engine_pb2_grpc,
 )
@@ -29,6 +33,7 @@ WIRES = {
     "mlx": (mlx_engine_pb2_grpc.MlxEngineStub, mlx_engine_pb2),
     "vllm": (vllm_engine_pb2_grpc.VllmEngineStub, vllm_engine_pb2),
     "sglang": (sglang_scheduler_pb2_grpc.SglangSchedulerStub, sglang_scheduler_pb2),
+    "tokenspeed": (tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub, tokenspeed_scheduler_pb2),
 }
 ENGINES = sorted(WIRES)
 
@@ -42,6 +47,14 @@ def deployment(request: pytest.FixtureRequest) -> tuple[str, object, object]:
 def _model(router) -> str:
     models = httpx.get(router.base + "/v1/models", timeout=10).json()
     return models["data"][0]["id"]
+
+
+def test_the_router_detects_the_runtime(deployment) -> None:
+    engine, worker, router = deployment
+    workers = httpx.get(router.base + "/workers", timeout=10).json()
+    entries = workers.get("workers", workers) if isinstance(workers, dict) else workers
+    (entry,) = [w for w in entries if str(worker.port) in w.get("url", "")]
+    assert entry["runtime_type"] == engine, entry
 
 
 def _sse(response: httpx.Response) -> list[dict]:

@@ -230,3 +230,17 @@ def sglang_worker(model: Path, port: int, *extra: str) -> Worker:
     from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
     return Worker(serve_command(model, port, *extra), port, start_timeout_s=240, env=CPU_ENV)
+
+
+def tokenspeed_worker(model: Path, port: int, *extra: str, **standin: object) -> Worker:
+    """``python -m smg_grpc_servicer.tokenspeed`` (what ``ts serve`` spawns) from the TokenSpeed
+    test environment (``.venv-tokenspeed``; a missing one fails here with the command that builds
+    it): TokenSpeed's real front end, its GPU scheduler replaced by the stand-in."""
+    from smg_servicer_tokenspeed.testing import serve_command, standin_env
+
+    return Worker(
+        serve_command(model, port, *extra),
+        port,
+        start_timeout_s=240,
+        env=standin_env(**standin),
+    )
