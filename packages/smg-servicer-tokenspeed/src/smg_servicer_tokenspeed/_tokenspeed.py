@@ -25,7 +25,9 @@ from typing import Any
 
 from smg_servicer_core.config import Setting, setting_value
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.tensors import RawTensor
 from smg_servicer_tokenspeed.convert import ChildSpec
+from smg_servicer_tokenspeed.mm import MmItem
 
 INSTALL_HINT = (
     "TokenSpeed is not installed in this environment: install it from its own runtime "
@@ -146,7 +148,59 @@ def start_frontend(llm: Any, on_failure: Callable[[str], None]) -> list[asyncio.
     return tasks
 
 
-def generate_input(spec: ChildSpec, *, log_metrics: bool = True) -> Any:
+_TORCH_DTYPES = {
+    "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+    "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
+    "uint32": "uint32", "bool": "bool",
+}  # fmt: skip
+#: The dtypes a feature is cast to (TokenSpeed's ``multimodal_encoder_dtype``).
+FEATURE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _tensor(raw: RawTensor) -> Any:
+    import torch  # noqa: PLC0415 - TokenSpeed imported it already
+
+    dtype = getattr(torch, _TORCH_DTYPES[raw.dtype])
+    if not raw.data:
+        return torch.empty(raw.shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw.data), dtype=dtype).reshape(raw.shape)
+
+
+def multimodal_inputs(items: list[MmItem], feature_dtype: str = "") -> Any:
+    """TokenSpeed's ``MultimodalInputs`` for one request's items (a fresh object per choice: the
+    front end publishes each one's features to shared memory on its own)."""
+    from tokenspeed.runtime.multimodal import inputs as mmi  # noqa: PLC0415
+
+    built: list[Any] = []
+    for item in items:
+        feature = _tensor(item.feature) if item.feature is not None else None
+        if feature is not None and feature_dtype in FEATURE_DTYPES:
+            feature = feature.to(_tensor_dtype(feature_dtype))
+        data = mmi.MultimodalDataItem(
+            modality=mmi.Modality[item.modality.upper()],
+            hash=item.hash,
+            offsets=list(item.offsets),
+            feature=feature,
+            model_specific_data={k: _tensor(v) for k, v in item.model_specific.items()},
+            encode_handshake=item.encode_handshake,
+        )
+        data.set_pad_value()
+        built.append(data)
+    token = {
+        i.modality: i.placeholder_token_id for i in items if i.placeholder_token_id is not None
+    }
+    return mmi.MultimodalInputs(
+        mm_items=built, im_token_id=token.get("image"), video_token_id=token.get("video")
+    )
+
+
+def _tensor_dtype(name: str) -> Any:
+    import torch  # noqa: PLC0415
+
+    return getattr(torch, name)
+
+
+def generate_input(spec: ChildSpec, *, log_metrics: bool = True, feature_dtype: str = "") -> Any:
     """TokenSpeed's ``GenerateReqInput`` for one choice."""
     host, port, room = spec.bootstrap if spec.bootstrap is not None else (None, None, None)
     req = io.GenerateReqInput(
@@ -163,6 +217,8 @@ def generate_input(spec: ChildSpec, *, log_metrics: bool = True) -> Any:
         bootstrap_room=room,
         data_parallel_rank=spec.data_parallel_rank,
     )
+    if spec.mm_items:
+        req.precomputed_multimodal_inputs = multimodal_inputs(spec.mm_items, feature_dtype)
     req.rid = spec.rid
     return req
 

@@ -30,6 +30,8 @@ from google.protobuf import json_format
 from smg_servicer_core import validate
 from smg_servicer_core.errors import InvalidRequest, ServicerError, from_http_status
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
+from smg_servicer_tokenspeed import mm
+from smg_servicer_tokenspeed.mm import MmItem
 
 #: The most choices one request may ask for.
 MAX_CHOICES = 128
@@ -68,6 +70,8 @@ class ChildSpec:
     bootstrap: tuple[str, int, int] | None = None
     data_parallel_rank: int | None = None
     no_stop_trim: bool = False
+    #: Router-preprocessed multimodal items (built into TokenSpeed's objects per choice).
+    mm_items: list[MmItem] | None = None
 
 
 def child_id(request_id: str, index: int) -> str:
@@ -156,6 +160,7 @@ def generate_specs(request: pb.GenerateRequest, limits: Limits) -> list[ChildSpe
     if rank is not None and rank < 0:
         raise InvalidRequest(f"data_parallel_rank must not be negative, got {rank}")
     start = request.logprob_start_len if request.HasField("logprob_start_len") else None
+    items = mm.items(request)
     specs: list[ChildSpec] = []
     for index in range(n):
         child = dict(values)
@@ -175,6 +180,7 @@ def generate_specs(request: pb.GenerateRequest, limits: Limits) -> list[ChildSpe
                 bootstrap=bootstrap,
                 data_parallel_rank=rank,
                 no_stop_trim=params.no_stop_trim,
+                mm_items=items,
             )
         )
     return specs

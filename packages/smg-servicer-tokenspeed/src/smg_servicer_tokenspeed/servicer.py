@@ -89,14 +89,16 @@ def _engine_error(exc: BaseException) -> BaseException:
 class Flight:
     """The choices of one ``Generate`` call running in TokenSpeed."""
 
-    def __init__(self, llm: Any, specs: list[ChildSpec]) -> None:
+    def __init__(self, llm: Any, specs: list[ChildSpec], feature_dtype: str = "") -> None:
         self.llm = llm
         self.specs = specs
+        self.feature_dtype = feature_dtype
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(QUEUE_PER_CHOICE * len(specs))
         self.pumps = [asyncio.create_task(self._pump(spec)) for spec in specs]
 
     async def _pump(self, spec: ChildSpec) -> None:
-        outputs = self.llm.generate_request(ts.generate_input(spec))
+        req = ts.generate_input(spec, feature_dtype=self.feature_dtype)
+        outputs = self.llm.generate_request(req)
         try:
             async for output in outputs:
                 await self.queue.put((spec.index, output))
@@ -145,6 +147,7 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
             context_length=int(self.facts["context_length"]),
         )
         self.dp_size = ts.dp_size(self.server_args)
+        self.feature_dtype = str(self.scheduler_info.get("multimodal_encoder_dtype") or "")
         self.health_timeout_s = (
             health_timeout_s if health_timeout_s is not None else setting_value(HEALTH_TIMEOUT)
         )
@@ -187,7 +190,7 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         specs = convert.generate_specs(request, self.limits)
         rid = request.request_id
         async with self.registry.track(rid):
-            flight = Flight(self.llm, specs)
+            flight = Flight(self.llm, specs, self.feature_dtype)
             self._flights[rid] = flight
             try:
                 async for message in self._stream(request, flight):

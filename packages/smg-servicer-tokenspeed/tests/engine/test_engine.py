@@ -281,6 +281,44 @@ async def test_text_input_and_a_duplicate_id_are_refused(stub: Any) -> None:
     await idle(stub)
 
 
+def _image_request() -> pb.GenerateRequest:
+    pixels = pb.TensorData(shape=[1, 4], dtype="float32", inline=bytes(16))
+    image = pb.MultimodalItem(
+        modality=common_pb2.IMAGE,
+        content_hash=bytes(range(32)),
+        encoder_input=pixels,
+        placeholders=[pb.PlaceholderRange(offset=1, length=2)],
+        placeholder_token_id=9,
+    )
+    return request([1, 9, 9, 2], mm_inputs=pb.MultimodalInputs(items=[image]))
+
+
+async def test_images_on_a_text_model_get_tokenspeeds_refusal(stub: Any) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, _image_request())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "text-only model" in (err.value.details() or "")
+
+
+async def test_multimodal_items_become_tokenspeeds_objects_on_its_wire() -> None:
+    """What the servicer builds from an image item is what TokenSpeed's scheduler wire carries:
+    its own ``MultimodalInputs``, pad values set, encodable by its ``MsgpackEncoder``."""
+    import torch
+
+    from smg_servicer_tokenspeed import _tokenspeed as ts
+    from smg_servicer_tokenspeed import mm
+
+    items = mm.items(_image_request())
+    assert items is not None
+    built = ts.multimodal_inputs(items, "bfloat16")
+    (item,) = built.mm_items
+    assert item.feature.dtype == torch.bfloat16 and tuple(item.feature.shape) == (1, 4)
+    assert item.offsets == [(1, 2)] and item.pad_value is not None
+    assert item.hash == int.from_bytes(bytes(range(8)), "little")
+    assert built.im_token_id == 9
+    assert ts.io.MsgpackEncoder().encode(built)
+
+
 # -- Abort and cancel ------------------------------------------------------------------------
 
 
