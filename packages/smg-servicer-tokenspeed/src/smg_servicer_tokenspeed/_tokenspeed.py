@@ -37,13 +37,16 @@ INSTALL_HINT = (
 try:
     import tokenspeed.runtime.entrypoints.engine as _entry
     from tokenspeed.runtime.engine import io_struct as _io
+    from tokenspeed.runtime.pd import kv_events as _kv
     from tokenspeed.runtime.utils.server_args import PortArgs, prepare_server_args
     from tokenspeed.version import __version__ as _version
 except ImportError as _err:  # pragma: no cover - depends on the environment
     raise ImportError(INSTALL_HINT, name="tokenspeed") from _err
 
-#: TokenSpeed's scheduler wire (``io_struct``), as ``Any``: the stand-in and this module use it.
+#: TokenSpeed's scheduler wire (``io_struct``) and KV-event publisher module (``pd.kv_events``),
+#: as ``Any``: the stand-in scheduler and this module use them.
 io: Any = _io
+kv: Any = _kv
 TOKENSPEED_VERSION: str = str(_version)
 
 logger = logging.getLogger(__name__)

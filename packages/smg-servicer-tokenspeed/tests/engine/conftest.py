@@ -10,6 +10,7 @@ every message it receives.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -45,12 +46,19 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
 @pytest.fixture(scope="session")
 def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
     metrics_port = free_port()
+    kv_config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+    }
     server = start_ts(
         tiny_model,
         record.path,
         "--enable-output-logprobs",
         "--reasoning-parser", "qwen3",
         "--rl-control-api-key", SECRET,
+        "--kv-events-config", json.dumps(kv_config),
         env={"SMG_TOKENSPEED_SERVICER_METRICS_PORT": str(metrics_port)},
         step_ms=2,
         refuse={"refuse-400": 400, "refuse-503": 503, "refuse-500": 500},

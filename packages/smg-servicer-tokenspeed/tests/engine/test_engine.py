@@ -461,18 +461,57 @@ async def test_get_tokenizer_bundle(stub: Any) -> None:
     assert chunks and chunks[-1].sha256
 
 
-async def test_kv_events_off_and_encoder_unimplemented(
-    stub: Any, channel: grpc.aio.Channel
-) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        _ = [b async for b in stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())]
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "--kv-events-config" in (err.value.details() or "")
+async def test_encoder_is_unimplemented_with_a_reason(channel: grpc.aio.Channel) -> None:
     encoder: Any = encoder_grpc.TokenSpeedEncoderStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await encoder.Encode(tokenspeed_encoder_pb2.EncodeRequest(request_id="e"))
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "encode role" in (err.value.details() or "")
+
+
+def kv_prompt(seed: int, length: int = 40) -> list[int]:
+    return [(seed * 53 + i * 7) % 4000 + 4 for i in range(length)]
+
+
+async def test_kv_events_flow_from_tokenspeeds_publisher(stub: Any) -> None:
+    """TokenSpeed's own ZMQ publisher (in the stand-in) -> the KV bridge -> SubscribeKvEvents:
+    stored chains holding the prompts' blocks, in sequence, the engine load on every batch; a
+    flush removes them."""
+    subscription = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+    batches: list[common_pb2.KvEventBatch] = []
+
+    async def read() -> None:
+        while (batch := await subscription.read()) is not grpc.aio.EOF:
+            batches.append(batch)
+
+    reader = asyncio.create_task(read())
+    sent: list[list[int]] = []
+    for attempt in range(40):  # the SUB needs a moment to join: keep sending new prompts
+        ids = kv_prompt(attempt)
+        sent.append(ids)
+        await collect(stub, request(ids, sampling={"max_new_tokens": 2}))
+        await asyncio.sleep(0.05)
+        if any(e.HasField("stored") for b in batches for e in b.events) and attempt >= 3:
+            break
+    await idle(stub)
+    flushed = await stub.FlushCache(common_pb2.FlushCacheRequest())
+    assert flushed.success
+
+    async def removed() -> bool:
+        return any(e.HasField("removed") for b in batches for e in b.events)
+
+    await wait_until(removed)
+    subscription.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    seqs = [b.sequence_number for b in batches if not b.load.load_only]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no duplicate, no hole"
+    stored = [e.stored for b in batches for e in b.events if e.HasField("stored")]
+    roots = [s for s in stored if not s.HasField("parent_block_hash")]
+    assert any(list(s.blocks[0].token_ids) == ids[:16] for s in roots for ids in sent), (
+        "a root block holds the start of a prompt we sent"
+    )
+    assert all(len(b.token_ids) == 16 for s in stored for b in s.blocks)
+    assert all(b.HasField("load") for b in batches), "every batch carries the engine load"
 
 
 async def test_metrics_count_a_known_workload_exactly(stub: Any, ts_server: WorkerProcess) -> None:

@@ -17,6 +17,9 @@ sockets and answers with TokenSpeed's ``io_struct`` messages:
   ``ProfileReq`` start/stop (a second start or a stop without start fails, as the real one does);
   ``IsSchedulerPausedReqInput``;
 - a ``LoadSnapshot`` on the metrics socket on every change and every second;
+- KV events through TokenSpeed's own publisher (``--kv-events-config``, ZMQ with replay): a
+  ``BlockStored`` chain of ``BLOCK``-token blocks for every new prompt block (a prefix cache that
+  never evicts), ``BlockRemoved`` of every stored block when a cache flush succeeds;
 - an injected crash: a request whose id starts with ``crash_prefix`` ends the process (exit 17);
 - injected refusals: a request whose id starts with a key of ``refuse`` (``{prefix: status}``)
   finishes at once with ``{"type": "abort", "status_code": status, "message": ...}``, as the real
@@ -43,7 +46,7 @@ from typing import Any, cast
 import zmq
 
 from smg_servicer_core.config import Setting, setting_value
-from smg_servicer_tokenspeed._tokenspeed import io
+from smg_servicer_tokenspeed._tokenspeed import io, kv
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,13 @@ MAX_NUM_SEQS = 8
 HEARTBEAT_S = 1.0
 #: Ids below this are never produced (specials of small vocabularies live there).
 FIRST_TOKEN = 3
+#: Tokens per KV block of the stand-in's prefix cache.
+BLOCK = 16
+
+
+def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """The stand-in's block hash: a chain over the block's tokens (63 bits)."""
+    return zlib.crc32(f"{parent}:{list(tokens)}".encode()) | (len(tokens) << 40)
 
 
 def token_at(seed: int, prompt: Sequence[int], position: int, vocab: int, avoid: set[int]) -> int:
@@ -129,6 +139,8 @@ class StandIn:
         self.sequence = 0
         self.last_load: tuple[int, int] | None = None
         self.last_load_at = 0.0
+        self.kv_publisher = kv.EventPublisherFactory.create(server_args.kv_events_config, 0)
+        self.cached: set[int] = set()
 
     def ready(self) -> dict[str, Any]:
         return {
@@ -173,7 +185,11 @@ class StandIn:
             self.running.pop(str(obj.rid), None)
         elif isinstance(obj, io.FlushCacheReqInput):
             self._record({"type": "flush", "running": len(self.running)})
-            self.sender.send_pyobj(io.FlushCacheReqOutput(success=not self.running))
+            flushed = not self.running
+            if flushed and self.cached:
+                self.publish_kv([kv.BlockRemoved(block_hashes=sorted(self.cached))])
+                self.cached.clear()
+            self.sender.send_pyobj(io.FlushCacheReqOutput(success=flushed))
         elif isinstance(obj, io.ProfileReq):
             start = obj.type == io.ProfileReqType.START_PROFILE
             self._record({"type": "profile", "start": start, "output_dir": obj.output_dir})
@@ -228,10 +244,37 @@ class StandIn:
             stop_ids=set(params.stop_token_ids or ()),
             return_logprob=bool(obj.return_logprob),
         )
+        self.store_prompt(req.prompt)
         if req.max_new <= 0:  # a prefix warm-up: prefill only
             self.emit([(req, [], {"type": "length", "length": 0})])
             return
         self.running[rid] = req
+
+    def publish_kv(self, events: list[Any]) -> None:
+        self.kv_publisher.publish(kv.KVEventBatch(ts=time.time(), events=events))
+
+    def store_prompt(self, prompt: list[int]) -> None:
+        """Prefix-cache the prompt's full blocks; publish the new ones as one stored chain."""
+        parent: int | None = None
+        new: list[tuple[int, list[int]]] = []
+        new_parent: int | None = None
+        for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
+            tokens = prompt[start : start + BLOCK]
+            digest = block_hash(parent, tokens)
+            if digest not in self.cached:
+                if not new:
+                    new_parent = parent
+                new.append((digest, tokens))
+                self.cached.add(digest)
+            parent = digest
+        if new:
+            stored = kv.BlockStored(
+                block_hashes=[d for d, _ in new],
+                parent_block_hash=new_parent,
+                token_ids=[t for _, tokens in new for t in tokens],
+                block_size=BLOCK,
+            )
+            self.publish_kv([stored])
 
     def step(self) -> None:
         out: list[tuple[_Req, list[int], dict[str, Any] | None]] = []
