@@ -118,6 +118,7 @@ async def read_rest(call: Any) -> list[pb.GenerateResponse]:
 # -- Generate --------------------------------------------------------------------------------
 
 
+@pytest.mark.standin
 async def test_greedy_stream_and_non_stream_give_the_schedulers_tokens(stub: Any) -> None:
     want = expected(PROMPT, 8)
     (plain,) = completes(await collect(stub, request(PROMPT)))
@@ -133,6 +134,7 @@ async def test_greedy_stream_and_non_stream_give_the_schedulers_tokens(stub: Any
     assert final.weight_version == "default"
 
 
+@pytest.mark.standin
 async def test_sampled_requests_carry_their_seed(stub: Any, record: Record) -> None:
     req = request(PROMPT, sampling={"temperature": 0.8, "sampling_seed": 41, "top_k": 5})
     (complete,) = completes(await collect(stub, req))
@@ -141,6 +143,7 @@ async def test_sampled_requests_carry_their_seed(stub: Any, record: Record) -> N
     assert sent["seed"] == 41
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize("stream", [False, True])
 async def test_n3_gives_three_choices_with_child_ids(
     stub: Any, record: Record, stream: bool
@@ -163,6 +166,7 @@ async def test_n3_gives_three_choices_with_child_ids(
         assert got == expected(PROMPT, 5, seed=7 + choice)
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize("no_stop_trim", [False, True])
 async def test_stop_token_is_trimmed_unless_asked(stub: Any, no_stop_trim: bool) -> None:
     want = expected(PROMPT, 8)
@@ -178,6 +182,7 @@ async def test_stop_token_is_trimmed_unless_asked(stub: Any, no_stop_trim: bool)
     assert stream_ids(streamed) == list(complete.output_ids)
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize("stream", [False, True])
 async def test_logprobs_line_up_with_the_tokens(stub: Any, stream: bool) -> None:
     responses = await collect(stub, request(PROMPT, stream=stream, return_logprob=True))
@@ -199,6 +204,7 @@ async def test_top_logprobs_are_refused_with_tokenspeeds_message(stub: Any) -> N
     assert "top_logprobs_num" in (err.value.details() or "")
 
 
+@pytest.mark.standin
 async def test_constraints_reach_the_scheduler(stub: Any, record: Record) -> None:
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
     regex = request(PROMPT, sampling={"regex": "[ab]+"})
@@ -214,6 +220,7 @@ async def test_constraints_reach_the_scheduler(stub: Any, record: Record) -> Non
     assert "</think>" in json.dumps(tag)
 
 
+@pytest.mark.standin
 async def test_bootstrap_and_rank_are_forwarded(stub: Any, record: Record) -> None:
     info = pb.KvBootstrapInfo(bootstrap_host="10.0.0.1", bootstrap_port=8998, bootstrap_room=42)
     req = request(PROMPT, kv_bootstrap_info=info, data_parallel_rank=0)
@@ -224,6 +231,7 @@ async def test_bootstrap_and_rank_are_forwarded(stub: Any, record: Record) -> No
     assert sent["data_parallel_rank"] is None
 
 
+@pytest.mark.standin
 async def test_32_concurrent_streams_exact_counts(stub: Any) -> None:
     async def one(i: int) -> tuple[list[int], int]:
         prompt = [(i * 31 + k) % VOCAB for k in range(5, 13)]
@@ -239,6 +247,7 @@ async def test_32_concurrent_streams_exact_counts(stub: Any) -> None:
     await idle(stub)
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize(
     ("rid", "code"),
     [
@@ -322,6 +331,7 @@ async def test_multimodal_items_become_tokenspeeds_objects_on_its_wire() -> None
 # -- Abort and cancel ------------------------------------------------------------------------
 
 
+@pytest.mark.standin
 async def test_abort_rpc_ends_every_choice_and_reaches_the_scheduler(
     stub: Any, record: Record
 ) -> None:
@@ -339,6 +349,7 @@ async def test_abort_rpc_ends_every_choice_and_reaches_the_scheduler(
     assert (again.success, again.message) == (False, "not found")
 
 
+@pytest.mark.standin
 async def test_client_cancel_aborts_in_the_scheduler(stub: Any, record: Record) -> None:
     call, _ = await long_stream(stub, "cancel-me")
     call.cancel()
@@ -349,6 +360,7 @@ async def test_client_cancel_aborts_in_the_scheduler(stub: Any, record: Record) 
 # -- health and info -------------------------------------------------------------------------
 
 
+@pytest.mark.standin
 async def test_health_is_deep_and_agrees_with_grpc_health(
     stub: Any, channel: grpc.aio.Channel, record: Record
 ) -> None:
@@ -362,6 +374,7 @@ async def test_health_is_deep_and_agrees_with_grpc_health(
         assert status.status == health_pb2.HealthCheckResponse.SERVING
 
 
+@pytest.mark.standin
 async def test_model_info(stub: Any, ts_server: WorkerProcess) -> None:
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.vocab_size == VOCAB
@@ -384,6 +397,7 @@ def _keys(value: Any) -> list[str]:
     return []
 
 
+@pytest.mark.standin
 async def test_server_info_is_json_safe_and_holds_no_secret(stub: Any) -> None:
     from google.protobuf import json_format
 
@@ -404,6 +418,7 @@ async def test_server_info_is_json_safe_and_holds_no_secret(stub: Any) -> None:
     assert json_format.MessageToDict(info.scheduler_info)["max_model_len"] == CONTEXT
 
 
+@pytest.mark.standin
 async def test_loads_follow_the_scheduler(stub: Any) -> None:
     await idle(stub)
     loads = await stub.GetLoads(pb.GetLoadsRequest())
@@ -427,6 +442,7 @@ async def test_loads_follow_the_scheduler(stub: Any) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.standin
 async def test_flush_cache_waits_for_idle_and_refuses_when_busy(stub: Any) -> None:
     await idle(stub)
     ok = await stub.FlushCache(common_pb2.FlushCacheRequest())
@@ -443,6 +459,7 @@ async def test_flush_cache_waits_for_idle_and_refuses_when_busy(stub: Any) -> No
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.standin
 async def test_profile_start_and_stop(stub: Any, record: Record, tmp_path: Any) -> None:
     start = common_pb2.StartProfileRequest(output_dir=str(tmp_path), activities=["CPU"])
     started = await stub.StartProfile(start)
@@ -473,6 +490,7 @@ def kv_prompt(seed: int, length: int = 40) -> list[int]:
     return [(seed * 53 + i * 7) % 4000 + 4 for i in range(length)]
 
 
+@pytest.mark.standin
 async def test_kv_events_flow_from_tokenspeeds_publisher(stub: Any) -> None:
     """TokenSpeed's own ZMQ publisher (in the stand-in) -> the KV bridge -> SubscribeKvEvents:
     stored chains holding the prompts' blocks, in sequence, the engine load on every batch; a

@@ -44,6 +44,7 @@ def _health(address: str, service: str) -> int:
         return int(reply.status)
 
 
+@pytest.mark.standin
 def test_failed_warm_up_stays_not_serving_then_a_crash_exits_1(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -81,6 +82,7 @@ def test_failed_warm_up_stays_not_serving_then_a_crash_exits_1(
         stop_clean(server)
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize(
     ("extra", "env", "says"),
     [

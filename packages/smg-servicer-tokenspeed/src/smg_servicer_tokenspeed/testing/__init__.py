@@ -12,12 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_core.config import Setting, parse_bool, setting_value
 
 INSTALL_HINT = "bash tools/envs/tokenspeed-cpu/install.sh"
 TOKENSPEED_PYTHON = Setting(
     "tokenspeed_python", str, "", "the TokenSpeed environment's python",
     env="SMG_TOKENSPEED_PYTHON",
+)  # fmt: skip
+REAL_SCHEDULER = Setting(
+    "real_scheduler", parse_bool, False, "run the tests on TokenSpeed's real (GPU) scheduler",
+    env="SMG_TS_REAL_SCHEDULER",
 )  # fmt: skip
 #: The scheduler stand-in's entry (``SMG_TOKENSPEED_SCHEDULER``).
 STANDIN_ENTRY = "smg_servicer_tokenspeed.testing.scheduler:run"
@@ -43,7 +47,10 @@ def tokenspeed_python() -> Path:
 
 def standin_env(**options: Any) -> dict[str, str]:
     """The environment that puts the scheduler stand-in in place (``options``: see
-    :mod:`.scheduler`)."""
+    :mod:`.scheduler`); empty with ``SMG_TS_REAL_SCHEDULER=1`` (a GPU machine runs the real one,
+    ``tools/gpu/tokenspeed_check.sh``)."""
+    if setting_value(REAL_SCHEDULER):
+        return {}
     return {"SMG_TOKENSPEED_SCHEDULER": STANDIN_ENTRY, "SMG_TS_STANDIN": json.dumps(options)}
 
 
