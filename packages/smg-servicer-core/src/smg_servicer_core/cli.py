@@ -17,13 +17,25 @@ port equal to the gRPC port is a configuration error (exit 2).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from smg_servicer_core.config import ResolvedSettings, Setting, at_least, port_number, resolve
+from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import MetricsServer, ServicerMetrics
-from smg_servicer_core.server import MiB, ServerOptions
+from smg_servicer_core.server import (
+    EngineLifecycle,
+    MiB,
+    ServerOptions,
+    ServiceBinding,
+    serve,
+)
+from smg_servicer_core.servicer import EngineServicer
+
+logger = logging.getLogger(__name__)
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -148,3 +160,62 @@ def server_options(resolved: ResolvedSettings) -> ServerOptions:
         grace_period_s=resolved["grace_period_s"],
         max_message_bytes=resolved["max_message_mb"] * MiB,
     )
+
+
+def own_flags_parser(
+    prog: str, settings: Sequence[Setting[Any]], engine: str
+) -> argparse.ArgumentParser:
+    """The parser of a launcher's own flags (``add_help=False``), which come before the engine's."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", add_help=False)
+    group = parser.add_argument_group(f"servicer (before the {engine} flags)")
+    for setting in settings:
+        setting.add_to_parser(group)
+    return parser
+
+
+def split_launcher_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str], engine: str
+) -> tuple[argparse.Namespace, list[str]]:
+    """The launcher's own flags and the rest (the engine's). With ``--help``, the own flags' help
+    is printed first and the engine's parser prints its own after it."""
+    own, rest = parser.parse_known_args(list(argv))
+    if "-h" in rest or "--help" in rest:
+        parser.print_help()
+        print(f"\n{engine} server flags:")
+    return own, rest
+
+
+async def serve_servicer(
+    servicer: EngineServicer,
+    bindings: Sequence[ServiceBinding],
+    health: HealthFrame,
+    engine: EngineLifecycle,
+    options: ServerOptions,
+    *,
+    resolved: ResolvedSettings,
+    on_started: Callable[[int], None] | None = None,
+) -> int:
+    """``serve()`` for a launcher: ``/metrics`` when ``--metrics-port`` is set (the servicer
+    reports to it), the drain ending as soon as the servicer's registry is empty. A port that
+    cannot be bound gives exit 2, any other failure exit 1, the engine shut down either way."""
+    try:
+        metrics = start_metrics(resolved)
+        if metrics is not None:
+            servicer.attach_metrics(metrics[0])
+        return await serve(
+            bindings,
+            health,
+            engine,
+            options,
+            on_started=on_started,
+            in_flight=lambda: len(servicer.registry),
+            metrics_server=metrics[1] if metrics else None,
+        )
+    except ConfigError as exc:  # the port cannot be bound
+        logger.error("%s", exc)
+        await engine.shutdown()
+        return ExitCode.CONFIG
+    except Exception:
+        logger.exception("server failed")
+        await engine.shutdown()
+        return ExitCode.ENGINE_DIED

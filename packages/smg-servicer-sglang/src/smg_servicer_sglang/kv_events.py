@@ -7,28 +7,14 @@ SGLang publishes KV events over ZMQ when started with
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_kv_bridge import KvSource
+from smg_servicer_kv_bridge.config import parse_config
 from smg_servicer_kv_bridge.endpoints import dialable, offset
 
-
-def parse_config(raw: object) -> dict[str, Any] | None:
-    """The KV-events config as a dict (None when unset); ConfigError when it is not JSON."""
-    if raw is None or raw == "":
-        return None
-    if isinstance(raw, dict):
-        return dict(raw)  # pyright: ignore[reportUnknownArgumentType]
-    try:
-        value = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kv-events-config is not valid JSON: {exc.msg}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError("--kv-events-config must be a JSON object")
-    return value  # pyright: ignore[reportUnknownVariableType]
+__all__ = ["engine_load", "kv_sources", "parse_config"]
 
 
 def kv_sources(server_args: Any, ranks: int) -> list[KvSource] | None:

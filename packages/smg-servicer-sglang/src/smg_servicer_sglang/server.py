@@ -33,7 +33,7 @@ from smg_servicer_core.cli import (
     SERVER_SETTINGS,
     check_metrics_port,
     metrics_settings,
-    start_metrics,
+    serve_servicer,
 )
 from smg_servicer_core.config import (
     ResolvedSettings,
@@ -47,7 +47,7 @@ from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
-from smg_servicer_core.server import ServerOptions, serve
+from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events
@@ -270,36 +270,29 @@ async def _serve(
     on_started: Callable[[int], None] | None,
 ) -> int:
     servicer = schedulers.servicer
-    try:
-        if on_request_manager_ready is not None:
+    if on_request_manager_ready is not None:
+        try:
             await on_request_manager_ready(
                 schedulers.manager, server_args, schedulers.launched.scheduler_info
             )
-        options = ServerOptions(
-            host=str(servicer.config.host),
-            port=int(servicer.config.port),
-            grace_period_s=own["grace_period_s"],
-        )
-        metrics = start_metrics(own)
-        if metrics is not None:
-            servicer.attach_metrics(metrics[0])
-        return await serve(
-            [servicer.binding()],
-            schedulers.health,
-            schedulers,
-            options,
-            on_started=on_started,
-            in_flight=lambda: len(servicer.registry),
-            metrics_server=metrics[1] if metrics else None,
-        )
-    except ConfigError as exc:  # the port cannot be bound
-        logger.error("%s", exc)
-        await schedulers.shutdown()
-        return ExitCode.CONFIG
-    except Exception:
-        logger.exception("server failed")
-        await schedulers.shutdown()
-        return ExitCode.ENGINE_DIED
+        except Exception:
+            logger.exception("on_request_manager_ready failed")
+            await schedulers.shutdown()
+            return ExitCode.ENGINE_DIED
+    options = ServerOptions(
+        host=str(servicer.config.host),
+        port=int(servicer.config.port),
+        grace_period_s=own["grace_period_s"],
+    )
+    return await serve_servicer(
+        servicer,
+        [servicer.binding()],
+        schedulers.health,
+        schedulers,
+        options,
+        resolved=own,
+        on_started=on_started,
+    )
 
 
 async def serve_grpc(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from smg_servicer_core.cli import own_flags_parser, split_launcher_args
 from smg_servicer_core.entry import ExitCode, run_main
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_tokenspeed.settings import resolve_settings, servicer_settings
@@ -21,20 +22,12 @@ PROG = "smg_servicer_tokenspeed"
 
 
 def own_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", add_help=False)
-    group = parser.add_argument_group("servicer (before the TokenSpeed flags)")
-    for setting in servicer_settings():
-        setting.add_to_parser(group)
-    return parser
+    return own_flags_parser(PROG, servicer_settings(), "TokenSpeed")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    parser = own_parser()
-    own, rest = parser.parse_known_args(args)
-    if "-h" in rest or "--help" in rest:
-        parser.print_help()
-        print("\nTokenSpeed server flags:")
+    own, rest = split_launcher_args(own_parser(), args, "TokenSpeed")
     try:
         settings = resolve_settings(own)
     except ConfigError as exc:

@@ -8,32 +8,20 @@ enabled); each attention-DP rank binds the port plus its rank.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_kv_bridge import KvSource
+from smg_servicer_kv_bridge.config import parse_config
 from smg_servicer_kv_bridge.endpoints import dialable, offset
+
+__all__ = ["engine_load", "kv_sources", "parse_config"]
 
 OFF = (
     "KV events are off: start TokenSpeed with --kv-events-config "
     '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\' '
     "to enable them; the router falls back to GetLoads"
 )
-
-
-def parse_config(raw: object) -> dict[str, Any] | None:
-    """The config as a dict (None when unset); ConfigError when it is not a JSON object."""
-    if raw is None or raw == "":
-        return None
-    try:
-        value = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kv-events-config is not valid JSON: {exc.msg}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError("--kv-events-config must be a JSON object")
-    return value  # pyright: ignore[reportUnknownVariableType]
 
 
 def kv_sources(raw: object, ranks: int) -> list[KvSource] | None:

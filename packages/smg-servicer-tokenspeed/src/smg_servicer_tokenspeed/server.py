@@ -29,15 +29,12 @@ from typing import Any
 
 import psutil
 
-from smg_servicer_core.cli import (
-    check_metrics_port,
-    start_metrics,
-)
+from smg_servicer_core.cli import check_metrics_port, serve_servicer
 from smg_servicer_core.config import ResolvedSettings
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError, ServicerError
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.server import ServerOptions, serve
+from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.watchdog import Watchdog, child_exited
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, kv_events
@@ -201,32 +198,16 @@ async def _serve(
         return ExitCode.ENGINE_DIED
     # TokenSpeed's launch-phase SIGQUIT handler kills the process tree; ours stops cleanly.
     loop.add_signal_handler(signal.SIGQUIT, engine.on_sigquit)
+    options = ServerOptions(
+        host=str(server_args.host),
+        port=int(server_args.port),
+        grace_period_s=own["grace_period_s"],
+        max_message_bytes=own["max_message_bytes"],
+    )
     try:
-        metrics = start_metrics(own)
-        if metrics is not None:
-            servicer.attach_metrics(metrics[0])
-        options = ServerOptions(
-            host=str(server_args.host),
-            port=int(server_args.port),
-            grace_period_s=own["grace_period_s"],
-            max_message_bytes=own["max_message_bytes"],
+        bindings = servicer.bindings()
+        return await serve_servicer(
+            servicer, bindings, health, engine, options, resolved=own, on_started=on_started
         )
-        return await serve(
-            servicer.bindings(),
-            health,
-            engine,
-            options,
-            on_started=on_started,
-            in_flight=lambda: len(servicer.registry),
-            metrics_server=metrics[1] if metrics else None,
-        )
-    except ConfigError as exc:  # the port cannot be bound
-        logger.error("%s", exc)
-        await engine.shutdown()
-        return ExitCode.CONFIG
-    except Exception:
-        logger.exception("server failed")
-        await engine.shutdown()
-        return ExitCode.ENGINE_DIED
     finally:
         loop.remove_signal_handler(signal.SIGQUIT)
