@@ -350,11 +350,15 @@ async def test_abort_rpc_ends_every_choice_and_reaches_the_scheduler(
 
 
 @pytest.mark.standin
-async def test_client_cancel_aborts_in_the_scheduler(stub: Any, record: Record) -> None:
+async def test_client_cancel_aborts_every_child_in_the_scheduler(stub: Any, record: Record) -> None:
     call, _ = await long_stream(stub, "cancel-me")
     call.cancel()
     await idle(stub)
     assert "cancel-me" in record.rids("abort")
+    call, _ = await long_stream(stub, "cancel-n", sampling={"n": 2, "temperature": 0.5})
+    call.cancel()
+    await idle(stub)
+    assert {"cancel-n-n0", "cancel-n-n1"} <= set(record.rids("abort"))
 
 
 # -- health and info -------------------------------------------------------------------------
