@@ -14,31 +14,21 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 venv="${1:-$root/.venv-sglang}"
-stamp="$venv/.smg-env-stamp"
+# shellcheck source=../common.sh
+source "$here/../common.sh"
 # Rebuilt when this script, the pins or a workspace package's metadata change.
 members=(smg-servicer-core smg-grpc-servicer smg-servicer-kv-bridge smg-servicer-sglang)
 inputs=("$here/install.sh" "$here/requirements.txt")
 for member in "${members[@]}"; do inputs+=("$root/packages/$member/pyproject.toml"); done
-want="$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    echo "sglang-cpu env up to date: $venv"
-    exit 0
-fi
-export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
-rm -rf "$venv"
-uv venv --quiet --python 3.11 "$venv"
-export VIRTUAL_ENV="$venv"
+env_stale sglang-cpu "$venv" "${inputs[@]}"
 # torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
 uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
 uv pip install --quiet --no-deps sglang==0.5.23
-editables=()
-for member in "${members[@]}"; do editables+=(-e "$root/packages/$member"); done
-uv pip install --quiet --no-deps "${editables[@]}"
-site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+env_editables "$root" "${members[@]}"
 {
     echo "$here/shims"
     echo "import torchvision_shim; torchvision_shim.install()"
-} >"$site/smg_sglang_cpu_shims.pth"
+} >"$(env_purelib "$venv")/smg_sglang_cpu_shims.pth"
 # SGLang reads this to pick its CPU code paths; the launcher scripts export it as well.
 "$venv/bin/python" - <<'PY'
 import os
@@ -48,4 +38,4 @@ import sglang.srt.entrypoints.engine  # noqa: F401
 import smg_servicer_sglang, smg_grpc_servicer  # noqa: F401, E401
 print("sglang-cpu env ok")
 PY
-echo "$want" >"$stamp"
+env_done

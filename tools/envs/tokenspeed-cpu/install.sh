@@ -20,29 +20,19 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 venv="${1:-$root/.venv-tokenspeed}"
-stamp="$venv/.smg-env-stamp"
+# shellcheck source=../common.sh
+source "$here/../common.sh"
 # Rebuilt when this script, the pins, the stubs or a workspace package's metadata change.
 members=(smg-servicer-core smg-grpc-servicer smg-servicer-kv-bridge smg-servicer-tokenspeed)
 inputs=("$here/install.sh" "$here/requirements.txt")
 while IFS= read -r stub; do inputs+=("$stub"); done < <(find "$here/stubs" -name '*.py' | sort)
 for member in "${members[@]}"; do inputs+=("$root/packages/$member/pyproject.toml"); done
-want="$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    echo "tokenspeed-cpu env up to date: $venv"
-    exit 0
-fi
-export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
-rm -rf "$venv"
-uv venv --quiet --python 3.11 "$venv"
-export VIRTUAL_ENV="$venv"
+env_stale tokenspeed-cpu "$venv" "${inputs[@]}"
 # torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
 uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
 uv pip install --quiet --no-deps tokenspeed==0.1.1 tokenspeed-scheduler==0.1.36
-editables=()
-for member in "${members[@]}"; do editables+=(-e "$root/packages/$member"); done
-uv pip install --quiet --no-deps "${editables[@]}"
-site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "$here/stubs" >"$site/smg_tokenspeed_cpu_stubs.pth"
+env_editables "$root" "${members[@]}"
+echo "$here/stubs" >"$(env_purelib "$venv")/smg_tokenspeed_cpu_stubs.pth"
 "$venv/bin/python" - <<'PY'
 import tokenspeed.runtime.engine.io_struct  # noqa: F401  (the scheduler wire)
 import tokenspeed.runtime.entrypoints.engine  # noqa: F401  (_launch_subprocesses, AsyncLLM)
@@ -50,4 +40,4 @@ import tokenspeed.cli.serve_smg  # noqa: F401  (ts serve)
 import smg_servicer_tokenspeed._tokenspeed, smg_grpc_servicer, smg  # noqa: F401, E401
 print("tokenspeed-cpu env ok")
 PY
-echo "$want" >"$stamp"
+env_done
