@@ -92,18 +92,21 @@ class Flight:
     def __init__(self, llm: Any, specs: list[ChildSpec], feature_dtype: str = "") -> None:
         self.llm = llm
         self.specs = specs
-        self.feature_dtype = feature_dtype
+        # Built before any task starts, so a request TokenSpeed's objects refuse fails the call.
+        requests = [ts.generate_input(spec, feature_dtype=feature_dtype) for spec in specs]
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(QUEUE_PER_CHOICE * len(specs))
-        self.pumps = [asyncio.create_task(self._pump(spec)) for spec in specs]
+        self.pumps = [
+            asyncio.create_task(self._pump(spec.index, req))
+            for spec, req in zip(specs, requests, strict=True)
+        ]
 
-    async def _pump(self, spec: ChildSpec) -> None:
-        req = ts.generate_input(spec, feature_dtype=self.feature_dtype)
+    async def _pump(self, index: int, req: Any) -> None:
         outputs = self.llm.generate_request(req)
         try:
             async for output in outputs:
-                await self.queue.put((spec.index, output))
+                await self.queue.put((index, output))
         except Exception as exc:
-            await self.queue.put((spec.index, exc))
+            await self.queue.put((index, exc))
         finally:
             # An unfinished request is aborted in TokenSpeed (and its scheduler) by this close.
             await outputs.aclose()
