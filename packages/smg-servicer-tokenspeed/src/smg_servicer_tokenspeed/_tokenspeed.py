@@ -151,19 +151,21 @@ def start_frontend(llm: Any, on_failure: Callable[[str], None]) -> list[asyncio.
     return tasks
 
 
-_TORCH_DTYPES = {
-    "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
-    "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
-    "uint32": "uint32", "bool": "bool",
-}  # fmt: skip
 #: The dtypes a feature is cast to (TokenSpeed's ``multimodal_encoder_dtype``).
 FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 
 
-def _tensor(raw: RawTensor) -> Any:
+def _torch_dtype(name: str) -> Any:
+    """core.tensors' dtype names are torch's attribute names."""
     import torch  # noqa: PLC0415 - TokenSpeed imported it already
 
-    dtype = getattr(torch, _TORCH_DTYPES[raw.dtype])
+    return getattr(torch, name)
+
+
+def _tensor(raw: RawTensor) -> Any:
+    import torch  # noqa: PLC0415
+
+    dtype = _torch_dtype(raw.dtype)
     if not raw.data:
         return torch.empty(raw.shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw.data), dtype=dtype).reshape(raw.shape)
@@ -178,7 +180,7 @@ def multimodal_inputs(items: list[MmItem], feature_dtype: str = "") -> Any:
     for item in items:
         feature = _tensor(item.feature) if item.feature is not None else None
         if feature is not None and feature_dtype in FEATURE_DTYPES:
-            feature = feature.to(_tensor_dtype(feature_dtype))
+            feature = feature.to(_torch_dtype(feature_dtype))
         data = mmi.MultimodalDataItem(
             modality=mmi.Modality[item.modality.upper()],
             hash=item.hash,
@@ -195,12 +197,6 @@ def multimodal_inputs(items: list[MmItem], feature_dtype: str = "") -> Any:
     return mmi.MultimodalInputs(
         mm_items=built, im_token_id=token.get("image"), video_token_id=token.get("video")
     )
-
-
-def _tensor_dtype(name: str) -> Any:
-    import torch  # noqa: PLC0415
-
-    return getattr(torch, name)
 
 
 def generate_input(spec: ChildSpec, *, log_metrics: bool = True, feature_dtype: str = "") -> Any:

@@ -240,7 +240,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
     async def engine_abort(self, request_id: str) -> None:
         flight = self._flights.get(request_id)
         if flight is not None:
-            flight.abort()
+            flight.abort()  # aborts its own children in TokenSpeed
+            return
         for rid in self._engine_children(request_id):
             self.llm.abort_request(rid)
 
