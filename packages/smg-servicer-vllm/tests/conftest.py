@@ -14,16 +14,25 @@ from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.server import ExternalEngine, ServiceBinding
 from smg_servicer_core.testing import cached_tiny_model, running_server
+from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
 
 REPO = Path(__file__).resolve().parents[3]
 METRICS_ENV = "SMG_VLLM_SERVICER_METRICS_PORT"
 SESSION = pytest.mark.asyncio(loop_scope="session")
 
 
+MODEL_CACHE = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
-    return cached_tiny_model(root)
+    return cached_tiny_model(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm() -> Path:
+    """The float32 tiny Idefics3 (core's factory)."""
+    return cached_tiny_vlm(MODEL_CACHE)
 
 
 def build_llm(model: Path, **overrides: Any) -> Any:
@@ -105,14 +114,14 @@ def serve_llm() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _serving(llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def _serving(llm: Any, mm_settings: Any = None) -> AsyncIterator[tuple[Any, Any]]:
     from smg_grpc_servicer.vllm.servicer import VllmEngineServicer  # the path vLLM imports
 
     # /metrics through the launcher's path (the environment variable; port 0 picks a free one).
     previous = os.environ.get(METRICS_ENV)
     os.environ[METRICS_ENV] = "0"
     try:
-        servicer = VllmEngineServicer(llm, time.time())
+        servicer = VllmEngineServicer(llm, time.time(), mm_settings)
     finally:
         if previous is None:
             del os.environ[METRICS_ENV]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -108,3 +109,16 @@ def read_tensor(message: Any, where: str, *, max_bytes: int = MAX_TENSOR_BYTES) 
             f"{where}: shape {list(shape)} of {dtype} is {expected} bytes, got {len(data)}"
         )
     return RawTensor(dtype, shape, data)
+
+
+def shm_namespace_id() -> str:
+    """``<boot id>:<device of /dev/shm>``: two workers with the same value share the router's
+    shared-memory segments (same host, same mount), so the router may send them ``shm`` tensors.
+    Empty when either cannot be read (the router then sends inline bytes)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        device = os.stat("/dev/shm").st_dev
+    except OSError:
+        return ""
+    return f"{boot}:{device}" if boot else ""

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc.aio
@@ -34,10 +34,10 @@ from smg_servicer_core.cli import metrics_settings, start_metrics
 from smg_servicer_core.config import environment, resolve
 from smg_servicer_core.errors import (
     Aborted,
+    ConfigError,
     DeadlineExceeded,
     InvalidRequest,
     ServicerError,
-    Unsupported,
     grpc_errors,
 )
 from smg_servicer_core.facts import ModelFacts
@@ -49,8 +49,12 @@ from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
+from smg_servicer_vllm._mm_engine import MultimodalPath
 from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.health_servicer import health_for
+from smg_servicer_vllm.mm import has_tensors
+from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
+from smg_servicer_vllm.plugin import launcher_settings
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 FLUSH_ATTEMPT_S = 30.0
 PROFILE_TIMEOUT_S = 600.0
 TRACE_KEYS = ("traceparent", "tracestate")
+_METRICS = metrics_settings("vllm")
 
 
 def trace_headers(context: Context) -> dict[str, str] | None:
@@ -79,11 +84,6 @@ class _Choice:
     done: bool = False
 
 
-def metrics_from_environment() -> tuple[ServicerMetrics, MetricsServer] | None:
-    """``/metrics`` when ``SMG_VLLM_SERVICER_METRICS_PORT`` is set (else None, no port opened)."""
-    return start_metrics(resolve(metrics_settings("vllm"), None, environment()))
-
-
 class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer):
     wire = pb
     wire_grpc = vllm_engine_pb2_grpc
@@ -93,21 +93,40 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self,
         async_llm: Any,
         start_time: float,
-        mm_settings: Any = None,
+        mm_settings: MmSettings | None = None,
         *,
         metrics: ServicerMetrics | None = None,
     ) -> None:
         self.engine = async_llm
         self.start_time = start_time
+        launch = launcher_settings()
+        try:
+            if mm_settings is None:
+                mm_settings = launch.mm if launch else resolve_mm_settings(None, environment())
+            if mm_settings.processor == "redis":
+                raise ConfigError(
+                    "--mm-processor redis needs the Redis sidecar backend, which this version "
+                    "of smg-servicer-vllm does not ship; use inprocess or off"
+                )
+            metrics_config = launch.metrics if launch else resolve(_METRICS, None, environment())
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            raise SystemExit(2) from None
         self.mm_settings = mm_settings
         self.loads = LoadTracker()
         self.metrics_server: MetricsServer | None = None
-        if metrics is None and (started := metrics_from_environment()) is not None:
+        if metrics is None and (started := start_metrics(metrics_config)) is not None:
             metrics, self.metrics_server = started
+        self.multimodal = MultimodalPath(async_llm, mm_settings)
         super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()
         freeze_startup_heap()
-        logger.info("VllmEngineServicer initialized (mm_processor=none)")
+        logger.info("multimodal settings: %s", mm_settings.describe())
+        logger.info(
+            "VllmEngineServicer initialized (mm_processor=%s, source=%s)",
+            self.multimodal.mode,
+            mm_settings.source,
+        )
 
     async def engine_abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
@@ -120,26 +139,27 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         return read
 
     def model_facts(self) -> ModelFacts:
-        return info.model_facts(self.engine)
+        # Images are served (preprocessed tensors at least) exactly when the model takes them.
+        vision = self.multimodal.facts.supported and "image" in self.multimodal.limits
+        return replace(info.model_facts(self.engine), supports_vision=vision)
 
     def tokenizer_dir(self) -> str | None:
         return str(getattr(self.engine.model_config, "tokenizer", "") or "") or None
 
     # Generate ----------------------------------------------------------------------------------
 
-    def _prompt(self, request: pb.GenerateRequest) -> Any:
-        if (
-            request.HasField("mm_inputs")
-            or request.extra_mm_inputs
-            or request.HasField("media_refs")
-        ):
-            raise Unsupported("multimodal inputs are not supported by this servicer yet")
+    async def _prompt(self, request: pb.GenerateRequest) -> Any:
         kind = request.WhichOneof("input")
         if kind == "tokenized":
             ids = list(request.tokenized.input_ids)
             mc = self.engine.model_config
             validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
+            engine_input = await self.multimodal.engine_input(request, ids)
+            if engine_input is not None:
+                return engine_input
             return _engine.tokens_prompt(ids, request.tokenized.original_text)
+        if request.HasField("media_refs") or has_tensors(request):
+            raise InvalidRequest("multimodal input needs tokenized input (with its placeholders)")
         if kind == "text" and request.text:
             return request.text
         raise InvalidRequest("the request has no input (tokenized or text)")
@@ -148,7 +168,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        prompt = self._prompt(request)
+        prompt = await self._prompt(request)
         spec = to_sampling_spec(request.sampling_params)
         with translated(building_request=True):
             params = _engine.sampling_params(
@@ -256,7 +276,10 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: Context
     ) -> pb.GetServerInfoResponse:
-        return info.server_info(self.engine, len(self.registry), self.uptime_s())
+        response = info.server_info(self.engine, len(self.registry), self.uptime_s())
+        for name, value in self.multimodal.server_info().items():
+            setattr(response, name, value)
+        return response
 
     @grpc_errors
     async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:

@@ -24,6 +24,7 @@ import json
 import random
 import shutil
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -272,13 +273,18 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
 def cached_tiny_model(cache_root: str | Path, spec: TinyModelSpec | None = None) -> Path:
     """The model for ``spec`` under ``cache_root``, built once (atomically) and reused."""
     spec = spec or TinyModelSpec()
-    root = Path(cache_root)
-    final = root / f"tiny-{spec.arch}-{spec.dtype}-{spec.fingerprint()}"
+    final = Path(cache_root) / f"tiny-{spec.arch}-{spec.dtype}-{spec.fingerprint()}"
+    return build_once(final, lambda staging: make_tiny_model(staging, spec))
+
+
+def build_once(final: Path, make: Callable[[Path], object]) -> Path:
+    """``final``, written by ``make(staging)`` into a sibling folder and renamed into place unless
+    it already holds a ``model.safetensors`` (concurrent builders: the first rename wins)."""
     if (final / "model.safetensors").is_file():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{final.name}.{random.getrandbits(32):08x}.tmp"
-    make_tiny_model(staging, spec)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".{final.name}.{random.getrandbits(32):08x}.tmp"
+    make(staging)
     try:
         staging.rename(final)
     except OSError:  # another process won the race; theirs is identical

@@ -1,0 +1,258 @@
+"""``MmSettings``: the worker-side multimodal settings of a vLLM gRPC worker. Engine-free.
+
+Eight settings have a flag (``--mm-*``, added to vLLM's gRPC parsers by the plugin) and a
+deprecated ``SMG_VLLM_MM_*`` variable; ``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` is a variable only. Each
+resolves flag > environment (one deprecation line) > default, and every one is parsed and
+validated at start whatever the processor mode, so a stale unreadable value fails the start
+(:class:`~smg_servicer_core.errors.ConfigError`: one line, exit 2) instead of the first request.
+
+=========================  ==================================  =============================
+flag                       variable                            default
+=========================  ==================================  =============================
+``--mm-processor``         ``SMG_VLLM_MM_PROCESSOR``           ``off`` (``inprocess``, ``redis``)
+``--mm-max-inflight``      ``SMG_VLLM_MM_MAX_INFLIGHT``        64 concurrent media jobs
+``--mm-max-items``         ``SMG_VLLM_MM_MAX_ITEMS``           unset: the model's limits
+``--mm-max-item-bytes``    ``SMG_VLLM_MM_MAX_ITEM_BYTES``      32 MiB per inline ``data:`` item
+``--mm-redis-url``         ``SMG_VLLM_MM_REDIS_URL``           ``redis://127.0.0.1:6379/0``
+``--mm-sidecar-timeout-ms``  ``SMG_VLLM_MM_SIDECAR_TIMEOUT_MS``  30000
+``--mm-sidecar-max-queue``   ``SMG_VLLM_MM_SIDECAR_MAX_QUEUE``   256
+``--mm-sidecar-namespace``   ``SMG_VLLM_MM_SIDECAR_NAMESPACE``   derived from the fingerprint
+—                          ``SMG_VLLM_MM_MAX_VIDEO_FRAMES``    0 (vLLM's ``--media-io-kwargs``)
+=========================  ==================================  =============================
+
+``--mm-max-items`` is either one count for every modality (``4``) or per modality
+(``image=4,video=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from smg_servicer_core.config import Setting, Source, resolve
+
+Mode = Literal["off", "inprocess", "redis"]
+MODES: tuple[Mode, ...] = ("off", "inprocess", "redis")
+MODALITIES = ("image", "video", "audio")
+MiB = 1 << 20
+
+
+def _mode(raw: str) -> Mode:
+    value = raw.strip().lower()
+    if value == "smg":
+        raise ValueError("'smg' is the router's own processor, not a worker mode")
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"expected one of {', '.join(MODES)}")
+
+
+def _positive(value: int | None) -> str | None:
+    return None if value is None or value > 0 else "must be a positive integer"
+
+
+def _not_negative(value: int) -> str | None:
+    return None if value >= 0 else "must be 0 or a positive integer"
+
+
+def parse_item_limits(raw: str) -> dict[str, int]:
+    """``"4"`` (every modality) or ``"image=4,video=1"`` -> ``{modality: count}``."""
+    text = raw.strip()
+    if re.fullmatch(r"\d+", text):
+        return dict.fromkeys(MODALITIES, int(text))
+    limits: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, count = part.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in MODALITIES or not re.fullmatch(r"\s*\d+\s*", count):
+            raise ValueError("expected a count or modality=count pairs such as image=4,video=1")
+        if name in limits:
+            raise ValueError(f"{name} is given twice")
+        limits[name] = int(count)
+    return limits
+
+
+def _limits_valid(value: Mapping[str, int] | None) -> str | None:
+    if value is not None and any(count <= 0 for count in value.values()):
+        return "every count must be positive"
+    return None
+
+
+def _redis_url(raw: str) -> str:
+    value = raw.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+        raise ValueError("expected a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _namespace(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", value):
+        raise ValueError("expected 1-64 characters from A-Z a-z 0-9 _ . -")
+    return value
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user name and password replaced by ``***`` (for logs and labels)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"***@{host}{port}"))
+
+
+SETTINGS: tuple[Setting[Any], ...] = (
+    Setting(
+        "mm_processor",
+        _mode,
+        "off",
+        "worker-side media processing: off, inprocess or redis",
+        flag="--mm-processor",
+        env="SMG_VLLM_MM_PROCESSOR",
+        env_deprecated=True,
+    ),
+    Setting(
+        "mm_max_inflight",
+        int,
+        64,
+        "concurrent media jobs (media refs and preprocessed tensors); beyond it UNAVAILABLE",
+        flag="--mm-max-inflight",
+        env="SMG_VLLM_MM_MAX_INFLIGHT",
+        env_deprecated=True,
+        validate=_positive,
+    ),
+    Setting(
+        "mm_max_items",
+        parse_item_limits,
+        None,
+        "media items per request: N or image=N,video=M (unset: the model's limits)",
+        flag="--mm-max-items",
+        env="SMG_VLLM_MM_MAX_ITEMS",
+        env_deprecated=True,
+        validate=_limits_valid,
+    ),
+    Setting(
+        "mm_max_item_bytes",
+        int,
+        32 * MiB,
+        "the largest decoded inline data: item, in bytes",
+        flag="--mm-max-item-bytes",
+        env="SMG_VLLM_MM_MAX_ITEM_BYTES",
+        env_deprecated=True,
+        validate=_positive,
+    ),
+    Setting(
+        "mm_redis_url",
+        _redis_url,
+        "redis://127.0.0.1:6379/0",
+        "the Redis of the multimodal sidecar (--mm-processor redis)",
+        flag="--mm-redis-url",
+        env="SMG_VLLM_MM_REDIS_URL",
+        env_deprecated=True,
+    ),
+    Setting(
+        "mm_sidecar_timeout_ms",
+        int,
+        30000,
+        "how long a media job may take in the sidecar, in milliseconds",
+        flag="--mm-sidecar-timeout-ms",
+        env="SMG_VLLM_MM_SIDECAR_TIMEOUT_MS",
+        env_deprecated=True,
+        validate=_positive,
+    ),
+    Setting(
+        "mm_sidecar_max_queue",
+        int,
+        256,
+        "the sidecar job queue depth beyond which requests fail fast with UNAVAILABLE",
+        flag="--mm-sidecar-max-queue",
+        env="SMG_VLLM_MM_SIDECAR_MAX_QUEUE",
+        env_deprecated=True,
+        validate=_positive,
+    ),
+    Setting(
+        "mm_sidecar_namespace",
+        _namespace,
+        None,
+        "the sidecar key namespace (default: derived from the model fingerprint)",
+        flag="--mm-sidecar-namespace",
+        env="SMG_VLLM_MM_SIDECAR_NAMESPACE",
+        env_deprecated=True,
+    ),
+    Setting(
+        "mm_max_video_frames",
+        int,
+        0,
+        "frames a video is sampled to at most (0: vLLM's --media-io-kwargs decide)",
+        env="SMG_VLLM_MM_MAX_VIDEO_FRAMES",
+        validate=_not_negative,
+    ),
+)
+FLAG_BACKED = tuple(s for s in SETTINGS if s.flag is not None)
+
+
+@dataclass(frozen=True)
+class MmSettings:
+    """What ``VllmEngineServicer(async_llm, start_time, mm_settings)`` is given."""
+
+    processor: Mode = "off"
+    max_inflight: int = 64
+    max_items: Mapping[str, int] | None = None
+    max_item_bytes: int = 32 * MiB
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    sidecar_timeout_ms: int = 30000
+    sidecar_max_queue: int = 256
+    sidecar_namespace: str | None = None
+    max_video_frames: int = 0
+    #: Where ``processor`` came from: ``flag``, ``env`` or ``default``.
+    source: Source = "default"
+    sources: Mapping[str, Source] = field(default_factory=dict[str, Source])
+
+    def __post_init__(self) -> None:
+        for setting in SETTINGS:
+            raw = getattr(self, setting.name.removeprefix("mm_"))
+            problem = setting.validate(raw) if setting.validate else None
+            if problem:
+                raise ValueError(f"MmSettings.{setting.name.removeprefix('mm_')}: {problem}")
+        if self.processor not in MODES:
+            raise ValueError(f"MmSettings.processor must be one of {', '.join(MODES)}")
+
+    def describe(self) -> str:
+        """One line for the log, the Redis URL redacted."""
+        parts: list[str] = []
+        for setting in SETTINGS:
+            name = setting.name.removeprefix("mm_")
+            value: Any = getattr(self, name)
+            if name == "redis_url":
+                value = redact_url(value)
+            parts.append(f"{name}={value!r} ({self.sources.get(name, 'default')})")
+        return ", ".join(parts)
+
+
+def add_flags(parser: argparse.ArgumentParser | Any) -> None:
+    """The eight ``--mm-*`` flags (``default=None``: an absent flag falls back to the variable)."""
+    group = parser.add_argument_group("SMG worker-side multimodal (smg-servicer-vllm)")
+    for setting in FLAG_BACKED:
+        setting.add_to_parser(group)
+
+
+def resolve_mm_settings(
+    namespace: argparse.Namespace | None, environ: Mapping[str, str]
+) -> MmSettings:
+    """Flag > environment > default for every setting; raises ``ConfigError`` on a bad value."""
+    resolved = resolve(SETTINGS, namespace, environ)
+    values = {name.removeprefix("mm_"): resolved[name] for name in resolved}
+    sources: dict[str, Source] = {
+        name.removeprefix("mm_"): resolved.source(name) for name in resolved
+    }
+    return MmSettings(**values, source=resolved.source("mm_processor"), sources=sources)

@@ -1,0 +1,114 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins: smg-servicer``): the ``--mm-*`` and
+``--metrics-*`` flags on vLLM's gRPC command lines.
+
+vLLM's gRPC launcher parses only ``--host/--port`` and the engine arguments, then builds
+``VllmEngineServicer(async_llm, start_time)`` with no settings. vLLM loads its general plugins in
+every process; :func:`register` wraps ``FlexibleArgumentParser.parse_known_args`` and nothing
+else. The wrapper adds the flags only to a parse that serves gRPC:
+
+- ``vllm serve MODEL --grpc ...``: the parser defines ``--grpc`` and the arguments hold it;
+- ``python -m vllm.entrypoints.launchers.grpc_server ...`` (or the pre-0.30 name): ``__main__``
+  is the launcher and the parser defines ``--port``.
+
+Any other parse (``vllm serve`` without ``--grpc``, the engine processes, ``vllm bench``) is passed
+through untouched. After a gRPC parse every setting is resolved (flag > ``SMG_VLLM_MM_*`` >
+default) and validated; a bad value prints one line and exits 2 before the engine is built. The
+result is kept for the servicer (:func:`launcher_settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from smg_servicer_core.cli import metrics_settings
+from smg_servicer_core.config import ResolvedSettings, environment, resolve
+from smg_servicer_core.errors import ConfigError
+from smg_servicer_vllm.mm_settings import MmSettings, add_flags, resolve_mm_settings
+
+LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
+_MARK = "_smg_servicer_wrapped"
+
+
+@dataclass(frozen=True)
+class LauncherSettings:
+    """What the last gRPC parse of this process resolved."""
+
+    mm: MmSettings
+    metrics: ResolvedSettings
+
+
+#: The last gRPC parse's settings (at most one entry: "launch").
+_launched: dict[str, LauncherSettings] = {}
+
+
+def launcher_settings() -> LauncherSettings | None:
+    """The settings a gRPC command line of this process gave, or None (no such parse)."""
+    return _launched.get("launch")
+
+
+def _launcher_is_main() -> bool:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) in LAUNCHER_MODULES
+
+
+def serves_grpc(parser: argparse.ArgumentParser, argv: Sequence[str]) -> bool:
+    options = parser._option_string_actions  # pyright: ignore[reportPrivateUsage]
+    if "--grpc" in options:
+        return any(a == "--grpc" or a.startswith("--grpc=") for a in argv)
+    return "--port" in options and _launcher_is_main()
+
+
+def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
+    """The ``--mm-*`` flags and core's ``--metrics-port/--metrics-host`` (once per parser)."""
+    options = parser._option_string_actions  # pyright: ignore[reportPrivateUsage]
+    if "--mm-processor" in options:
+        return
+    add_flags(parser)
+    group = parser.add_argument_group("SMG servicer metrics (smg-servicer-vllm)")
+    for setting in metrics_settings("vllm"):
+        if setting.flag not in options:
+            setting.add_to_parser(group)
+
+
+def resolve_launch(namespace: argparse.Namespace) -> LauncherSettings:
+    environ = environment()
+    return LauncherSettings(
+        mm=resolve_mm_settings(namespace, environ),
+        metrics=resolve(metrics_settings("vllm"), namespace, environ),
+    )
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    def parse_known_args(
+        self: argparse.ArgumentParser, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not serves_grpc(self, argv):
+            return original(self, args, namespace)
+        add_grpc_flags(self)
+        parsed, rest = original(self, args, namespace)
+        try:
+            _launched["launch"] = resolve_launch(parsed)
+        except ConfigError as exc:
+            print(f"{self.prog}: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return parsed, rest
+
+    setattr(parse_known_args, _MARK, True)
+    return parse_known_args
+
+
+def register() -> None:
+    """The entry point vLLM calls (possibly several times per process): wrap the parser once."""
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415 - vLLM calls us
+    except ImportError:  # a vLLM without it has no gRPC launcher we serve
+        return
+    current: Callable[..., Any] = FlexibleArgumentParser.parse_known_args  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if getattr(current, _MARK, False):
+        return
+    FlexibleArgumentParser.parse_known_args = _wrap(current)  # type: ignore[method-assign]

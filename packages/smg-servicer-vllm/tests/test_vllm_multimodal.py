@@ -1,0 +1,506 @@
+"""Images on the real vLLM CPU engine (tiny float32 Idefics3): media refs (``--mm-processor
+inprocess``) and router-preprocessed tensors (inline and shared memory) give the greedy ids of
+vLLM's own in-process ``AsyncLLM.generate`` with the same image; every refusal is
+INVALID_ARGUMENT (or UNAVAILABLE past ``--mm-max-inflight``) and leaves the worker generating."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import AsyncIterator, Iterator
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing import generate_request
+from smg_servicer_core.testing.media import MediaServer, data_url, png_image
+from smg_servicer_core.testing.tiny_vlm import image_token_ids
+from smg_servicer_vllm.mm_settings import MmSettings
+
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+
+MAX_TOKENS = 8
+IMAGE_LIMIT = 2
+
+
+@pytest.fixture(scope="module")
+def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("media")
+    (folder / "a.png").write_bytes(png_image(40, 50, seed=1))
+    (folder / "b.png").write_bytes(png_image(64, 30, seed=2))
+    (folder / "broken.png").write_bytes(b"not an image at all")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def media_server() -> Iterator[MediaServer]:
+    with MediaServer() as server:
+        server.put("/a.png", png_image(40, 50, seed=1))
+        server.put("/slow.png", png_image(40, 50, seed=1), delay_s=3.0)
+        server.put("/gone.png", status=404)
+        server.put("/flaky.png", status=503)
+        yield server
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vlm_llm(tiny_vlm: Path, make_llm: Any, media_dir: Path) -> AsyncIterator[Any]:
+    llm = make_llm(
+        tiny_vlm,
+        kv_cache_memory_bytes=64 << 20,
+        limit_mm_per_prompt={"image": IMAGE_LIMIT},
+        allowed_local_media_path=str(media_dir),
+        allowed_media_domains=["127.0.0.1"],
+    )
+    yield llm
+    llm.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vlm(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+    async with serve_llm(vlm_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_vlm: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_vlm))
+
+    def chat(text: str) -> list[int]:
+        return list(
+            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        )
+
+    return {
+        "one": chat("<image>describe this"),
+        "two": chat("<image> and <image>: which?"),
+        "none": chat("no image here"),
+        **image_token_ids(tiny_vlm),
+    }
+
+
+def pil(content: bytes) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(content)).convert("RGB")
+
+
+async def reference(llm: Any, ids: list[int], images: list[bytes]) -> tuple[list[int], int]:
+    """vLLM in-process, the same PIL images, no servicer: (greedy ids, prompt length)."""
+    from vllm import SamplingParams
+
+    data = [pil(i) for i in images]
+    prompt = {
+        "prompt_token_ids": ids,
+        "multi_modal_data": {"image": data[0] if len(data) == 1 else data},
+    }
+    final: Any = None
+    async for output in llm.generate(
+        prompt,
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+        f"ref-{time.monotonic_ns()}",
+    ):
+        final = output
+    return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
+
+
+def media_request(ids: list[int], *urls: str, **kwargs: Any) -> pb.GenerateRequest:
+    request = generate_request(
+        "vllm", ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, **kwargs
+    )
+    for url in urls:
+        request.media_refs.items.add(modality=common_pb2.IMAGE, url=url)
+    return request
+
+
+async def complete(stub: Any, request: pb.GenerateRequest) -> pb.GenerateComplete:
+    responses = [r async for r in stub.Generate(request)]
+    return responses[-1].complete
+
+
+async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await complete(stub, request)
+    return info.value
+
+
+# Media refs --------------------------------------------------------------------------------------
+
+
+async def test_a_data_url_gives_the_engines_own_ids(vlm, vlm_llm, ids) -> None:
+    _, stub = vlm
+    image = png_image(40, 50, seed=1)
+    want, prompt_len = await reference(vlm_llm, ids["one"], [image])
+    got = await complete(stub, media_request(ids["one"], data_url(image)))
+    assert list(got.output_ids) == want
+    # The worker expanded the one anchor to 7 positions (4 embeddings).
+    assert got.prompt_tokens == prompt_len == len(ids["one"]) + 6
+
+
+async def test_a_file_url_and_an_http_url_give_the_same_ids(
+    vlm, vlm_llm, ids, media_dir, media_server
+) -> None:
+    _, stub = vlm
+    want, _ = await reference(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
+    from_file = await complete(stub, media_request(ids["one"], (media_dir / "a.png").as_uri()))
+    from_http = await complete(stub, media_request(ids["one"], media_server.url("/a.png")))
+    assert list(from_file.output_ids) == list(from_http.output_ids) == want
+
+
+async def test_two_images_in_one_prompt(vlm, vlm_llm, ids, media_dir) -> None:
+    _, stub = vlm
+    a, b = (media_dir / "a.png").read_bytes(), (media_dir / "b.png").read_bytes()
+    want, prompt_len = await reference(vlm_llm, ids["two"], [a, b])
+    got = await complete(
+        stub, media_request(ids["two"], data_url(a), (media_dir / "b.png").as_uri())
+    )
+    assert list(got.output_ids) == want
+    assert got.prompt_tokens == prompt_len == len(ids["two"]) + 12
+
+
+async def test_streaming_a_media_ref(vlm, vlm_llm, ids) -> None:
+    _, stub = vlm
+    image = png_image(40, 50, seed=1)
+    want, _ = await reference(vlm_llm, ids["one"], [image])
+    responses = [
+        r async for r in stub.Generate(media_request(ids["one"], data_url(image), stream=True))
+    ]
+    streamed = [t for r in responses if r.HasField("chunk") for t in r.chunk.token_ids]
+    assert streamed == want
+    assert responses[-1].complete.finish_reason == "length"
+
+
+def _refusals(
+    ids: dict[str, Any], media_dir: Path, media_server: MediaServer
+) -> dict[str, tuple[pb.GenerateRequest, str]]:
+    image = data_url(png_image(40, 50, seed=1))
+    text_input = media_request(ids["one"], image)
+    text_input.text = "<image>describe"
+    with_tensors = media_request(ids["one"], image)
+    with_tensors.mm_inputs.im_token_id = ids["<image>"]
+    return {
+        "scheme": (
+            media_request(ids["one"], "ftp://127.0.0.1/a.png"),
+            "scheme 'ftp' is not accepted",
+        ),
+        "no url": (media_request(ids["one"], ""), "url is empty"),
+        "outside the local path": (
+            media_request(ids["one"], "file:///etc/hostname"),
+            "outside --allowed-local-media-path",
+        ),
+        "missing file": (
+            media_request(ids["one"], (media_dir / "nope.png").as_uri()),
+            "does not exist",
+        ),
+        "refused host": (
+            media_request(ids["one"], "http://localhost:1/a.png"),
+            "not in --allowed-media-domains",
+        ),
+        "http 404": (media_request(ids["one"], media_server.url("/gone.png")), "answered HTTP 404"),
+        "undecodable": (
+            media_request(ids["one"], (media_dir / "broken.png").as_uri()),
+            "could not be read as image",
+        ),
+        "undecodable data": (
+            media_request(ids["one"], data_url(b"garbage")),
+            "could not be read as image",
+        ),
+        "not base64": (media_request(ids["one"], "data:image/png,raw"), "only base64 data: URLs"),
+        "fewer anchors": (media_request(ids["one"], image, image), "1 image anchor(s) (token"),
+        "no anchor": (media_request(ids["none"], image), "0 image anchor(s)"),
+        "over the item limit": (
+            media_request(ids["two"] + [ids["<image>"]], image, image, image),
+            "more than 2 image item(s)",
+        ),
+        "text input": (text_input, "needs tokenized input"),
+        "both kinds": (with_tensors, "mutually exclusive"),
+    }
+
+
+REFUSALS = [
+    "scheme",
+    "no url",
+    "outside the local path",
+    "missing file",
+    "refused host",
+    "http 404",
+    "undecodable",
+    "undecodable data",
+    "not base64",
+    "fewer anchors",
+    "no anchor",
+    "over the item limit",
+    "text input",
+    "both kinds",
+]
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+async def test_a_bad_media_ref_is_invalid_argument_and_the_worker_goes_on(
+    vlm, ids, media_dir, media_server, case
+) -> None:
+    _, stub = vlm
+    request, message = _refusals(ids, media_dir, media_server)[case]
+    error = await refused(stub, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert message in (error.details() or "")
+    assert "Traceback" not in (error.details() or "")
+    after = await complete(stub, media_request(ids["one"], data_url(png_image(40, 50, seed=1))))
+    assert after.completion_tokens == MAX_TOKENS
+
+
+async def test_an_upstream_5xx_is_unavailable(vlm, ids, media_server) -> None:
+    _, stub = vlm
+    error = await refused(stub, media_request(ids["one"], media_server.url("/flaky.png")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "answered HTTP 503" in (error.details() or "")
+
+
+async def test_an_inline_item_over_the_byte_cap_is_refused(vlm_llm, serve_llm, ids) -> None:
+    settings = MmSettings(processor="inprocess", max_item_bytes=1000)
+    async with serve_llm(vlm_llm, settings) as (_, stub):
+        error = await refused(stub, media_request(ids["one"], data_url(png_image(100, 100))))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "over the 1000-byte limit (--mm-max-item-bytes)" in (error.details() or "")
+
+
+async def test_media_refs_on_a_worker_with_processing_off(vlm_llm, serve_llm, ids) -> None:
+    async with serve_llm(vlm_llm, MmSettings(processor="off")) as (_, stub):
+        error = await refused(stub, media_request(ids["one"], data_url(png_image())))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--mm-processor (SMG_VLLM_MM_PROCESSOR) is off" in (error.details() or "")
+
+
+async def test_past_mm_max_inflight_a_request_is_unavailable(
+    vlm_llm, serve_llm, ids, media_server
+) -> None:
+    settings = MmSettings(processor="inprocess", max_inflight=1)
+    async with serve_llm(vlm_llm, settings) as (_, stub):
+        slow = asyncio.ensure_future(
+            complete(stub, media_request(ids["one"], media_server.url("/slow.png")))
+        )
+        assert await asyncio.to_thread(media_server.hit("/slow.png").wait, 30)
+        error = await refused(stub, media_request(ids["one"], data_url(png_image(40, 50, seed=1))))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "worker is saturated" in (error.details() or "")
+        assert (await slow).completion_tokens == MAX_TOKENS
+
+
+# Preprocessed tensors ----------------------------------------------------------------------------
+
+
+async def processed(llm: Any, ids: list[int], images: list[bytes]) -> Any:
+    """vLLM's own processor output for the images (what a router spec would send)."""
+    data = [pil(i) for i in images]
+    prompt = {
+        "prompt_token_ids": ids,
+        "multi_modal_data": {"image": data[0] if len(data) == 1 else data},
+    }
+    return await llm.renderer.process_for_engine_async(prompt, time.time(), skip_mm_cache=True)
+
+
+def still_there(name: str) -> bool:
+    return Path("/dev/shm", name).exists()
+
+
+def put_tensor(message: Any, tensor: Any, shm: list[Any] | None) -> None:
+    """``tensor`` into a ``TensorData``: inline bytes, or a new shared-memory segment."""
+    import torch
+
+    array = tensor.contiguous()
+    message.shape.extend(list(array.shape))
+    message.dtype = str(array.dtype).removeprefix("torch.")
+    raw = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
+    if shm is None:
+        message.inline = raw
+        return
+    segment = shared_memory.SharedMemory(create=True, size=max(len(raw), 1))
+    assert segment.buf is not None
+    segment.buf[: len(raw)] = raw
+    shm.append(segment)
+    message.shm.name, message.shm.offset, message.shm.nbytes = segment.name, 0, len(raw)
+
+
+def tensor_request(
+    engine_input: Any, image_token: int, *, shm: list[Any] | None = None
+) -> pb.GenerateRequest:
+    """The request a router sends for vLLM's processed input: expanded ids plus the tensors."""
+    import torch
+
+    request = generate_request(
+        "vllm",
+        list(engine_input["prompt_token_ids"]),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        ignore_eos=True,
+    )
+    items = engine_input["mm_kwargs"]["image"]
+    batch = request.mm_inputs
+    batch.modality = common_pb2.IMAGE
+    batch.im_token_id = image_token
+    stacked = {
+        key: torch.cat(
+            [
+                item[key].data.reshape(-1, *item[key].data.shape[1:])
+                if item[key].data.dim()
+                else item[key].data.reshape(1)
+                for item in items
+            ]
+        )
+        for key in items[0]
+    }
+    put_tensor(batch.pixel_values, stacked["pixel_values"], shm)
+    for key in ("pixel_attention_mask", "num_patches"):
+        put_tensor(batch.model_specific_tensors[key], stacked[key], shm)
+    batch.flat_keys["pixel_values"] = "num_patches"
+    batch.flat_keys["pixel_attention_mask"] = "num_patches"
+    batch.batched_keys.append("num_patches")
+    batch.keep_on_cpu_keys.append("num_patches")
+    for placeholder in engine_input["mm_placeholders"]["image"]:
+        batch.mm_placeholders.add(offset=placeholder.offset, length=placeholder.length)
+    batch.mm_hashes.extend(engine_input["mm_hashes"]["image"])
+    return request
+
+
+async def test_preprocessed_tensors_inline_give_the_same_ids(vlm, vlm_llm, ids) -> None:
+    _, stub = vlm
+    image = png_image(40, 50, seed=1)
+    want, prompt_len = await reference(vlm_llm, ids["one"], [image])
+    engine_input = await processed(vlm_llm, ids["one"], [image])
+    got = await complete(stub, tensor_request(engine_input, ids["<image>"]))
+    assert list(got.output_ids) == want
+    assert got.prompt_tokens == prompt_len
+
+
+async def test_preprocessed_tensors_in_shared_memory_are_read_then_unlinked(
+    vlm, vlm_llm, ids, media_dir
+) -> None:
+    _, stub = vlm
+    images = [(media_dir / "a.png").read_bytes(), (media_dir / "b.png").read_bytes()]
+    want, _ = await reference(vlm_llm, ids["two"], images)
+    segments: list[Any] = []
+    engine_input = await processed(vlm_llm, ids["two"], images)
+    got = await complete(stub, tensor_request(engine_input, ids["<image>"], shm=segments))
+    assert list(got.output_ids) == want
+    assert segments and not any(still_there(s.name) for s in segments)
+    for segment in segments:
+        segment.close()
+
+
+def _broken_tensors(
+    engine_input: Any, image_token: int
+) -> dict[str, tuple[pb.GenerateRequest, str]]:
+    def variant(edit: Any) -> pb.GenerateRequest:
+        request = tensor_request(engine_input, image_token)
+        edit(request.mm_inputs)
+        return request
+
+    def bad_shm(b: Any) -> None:
+        size = len(b.pixel_values.inline)  # setting the shm handle clears the inline bytes
+        b.pixel_values.shm.name, b.pixel_values.shm.offset = "smg-no-such-segment", 0
+        b.pixel_values.shm.nbytes = size
+
+    return {
+        "unknown dtype": (
+            variant(lambda b: setattr(b.pixel_values, "dtype", "complex64")),
+            "dtype 'complex64'",
+        ),
+        "shape and size disagree": (
+            variant(lambda b: b.pixel_values.shape.__setitem__(0, 2)),
+            "bytes, got",
+        ),
+        "bad shared-memory handle": (variant(bad_shm), "cannot be opened"),
+        "traversal in the handle": (
+            variant(lambda b: (bad_shm(b), setattr(b.pixel_values.shm, "name", "../etc/passwd"))),
+            "is not valid",
+        ),
+        "placeholder outside the prompt": (
+            variant(lambda b: setattr(b.mm_placeholders[0], "offset", 10_000)),
+            "outside the",
+        ),
+        "no placeholders": (
+            variant(lambda b: b.ClearField("mm_placeholders")),
+            "mm_placeholders is empty",
+        ),
+        "missing sizes tensor": (
+            variant(lambda b: b.flat_keys.__setitem__("pixel_values", "nope")),
+            "names sizes tensor",
+        ),
+        "no pixels": (variant(lambda b: b.ClearField("pixel_values")), "pixel_values is missing"),
+    }
+
+
+BROKEN = [
+    "unknown dtype",
+    "shape and size disagree",
+    "bad shared-memory handle",
+    "traversal in the handle",
+    "placeholder outside the prompt",
+    "no placeholders",
+    "missing sizes tensor",
+    "no pixels",
+]
+
+
+@pytest.mark.parametrize("case", BROKEN)
+async def test_a_bad_tensor_is_invalid_argument(vlm, vlm_llm, ids, case) -> None:
+    _, stub = vlm
+    engine_input = await processed(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
+    request, message = _broken_tensors(engine_input, ids["<image>"])[case]
+    error = await refused(stub, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert message in (error.details() or "")
+    ok = await complete(stub, tensor_request(engine_input, ids["<image>"]))
+    assert ok.completion_tokens == MAX_TOKENS
+
+
+# What the worker advertises ----------------------------------------------------------------------
+
+
+async def test_the_worker_advertises_its_media_processing(vlm) -> None:
+    _, stub = vlm
+    info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert info.mm_processor == "inprocess"
+    assert info.mm_processor_source == "flag"
+    assert info.mm_media_ref_schemes == "http,https,data,file"
+    assert info.mm_item_limits == f"image={IMAGE_LIMIT}"
+    assert info.mm_encoder_budget > 0
+    assert info.multimodal_encoder_dtype == "float32"
+    assert info.max_num_seqs > 0
+    assert info.shm_namespace_id.count(":") == 1
+    model = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert model.supports_vision
+
+
+async def test_processing_off_advertises_no_processor_but_still_vision(vlm_llm, serve_llm) -> None:
+    async with serve_llm(vlm_llm, MmSettings()) as (_, stub):
+        info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert (info.mm_processor, info.mm_media_ref_schemes) == ("", "")
+        assert (await stub.GetModelInfo(pb.GetModelInfoRequest())).supports_vision
+
+
+async def test_a_text_model_ignores_the_flag_and_takes_no_images(
+    async_llm, serve_llm, caplog
+) -> None:
+    with caplog.at_level("INFO"):
+        async with serve_llm(async_llm, MmSettings(processor="inprocess", source="env")) as (
+            _,
+            stub,
+        ):
+            info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+            model = await stub.GetModelInfo(pb.GetModelInfoRequest())
+            request = generate_request("vllm", [1, 2, 3])
+            request.media_refs.items.add(modality=common_pb2.IMAGE, url=data_url(png_image()))
+            error = await refused(stub, request)
+    assert info.mm_processor == "" and not model.supports_vision
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--mm-processor inprocess is ignored" in caplog.text
+    assert "VllmEngineServicer initialized (mm_processor=off, source=env)" in caplog.text
