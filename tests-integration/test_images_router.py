@@ -1,0 +1,175 @@
+"""Images through the real router: a vLLM worker started by vLLM's own gRPC launcher with the
+plugin's ``--mm-processor inprocess`` (tiny float32 Idefics3, which no router spec claims), in
+front of it ``smg launch --mm-processing worker`` and ``auto``. The router renders the chat
+template, tokenizes, and forwards ``media_refs``; the worker fetches and expands the image."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from smg_it.harness import Router, Worker, free_port, vllm_worker
+
+from smg_servicer_core.testing.media import data_url, png_image
+from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
+
+pytestmark = pytest.mark.integration
+
+PROMPT_TEXT = "describe this picture"
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tiny_model: Path) -> Path:
+    return cached_tiny_vlm(tiny_model.parent)
+
+
+@pytest.fixture(scope="module")
+def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("router-media")
+    (folder / "a.png").write_bytes(png_image(40, 50, seed=1))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vlm_worker(tiny_vlm: Path, media_dir: Path) -> Iterator[Worker]:
+    extra = (
+        "--mm-processor",
+        "inprocess",
+        "--allowed-local-media-path",
+        str(media_dir),
+        "--limit-mm-per-prompt",
+        '{"image": 2}',
+        "--kv-cache-memory-bytes",
+        str(64 << 20),
+    )
+    with vllm_worker(tiny_vlm, free_port(), *extra) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="module", params=["worker", "auto"])
+def vlm_router(request: pytest.FixtureRequest, vlm_worker: Worker) -> Iterator[Router]:
+    with Router(vlm_worker.url, "--mm-processing", request.param) as router:
+        yield router
+
+
+def _expanded_prompt_len(model: Path) -> int:
+    """The chat prompt's length once the worker expands the image's one anchor (7 positions)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_TEXT}]}
+    ]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(str(text))
+    return len(ids) + 6
+
+
+def _chat(url: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": PROMPT_TEXT},
+                ],
+            }
+        ],
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def _model_id(router: Router) -> str:
+    return httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def _post(router: Router, body: dict[str, Any]) -> httpx.Response:
+    body["model"] = _model_id(router)
+    return httpx.post(router.base + "/v1/chat/completions", json=body, timeout=120)
+
+
+@pytest.mark.parametrize("source", ["data", "file"])
+def test_a_chat_with_an_image_returns_200(
+    vlm_router: Router, tiny_vlm: Path, media_dir: Path, source: str
+) -> None:
+    url = (
+        data_url(png_image(40, 50, seed=1)) if source == "data" else (media_dir / "a.png").as_uri()
+    )
+    response = _post(vlm_router, _chat(url))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["completion_tokens"] == 6
+    assert body["usage"]["prompt_tokens"] == _expanded_prompt_len(tiny_vlm)
+    assert body["choices"][0]["message"]["content"]
+
+
+def test_a_streamed_chat_with_an_image(vlm_router: Router, tiny_vlm: Path, media_dir: Path) -> None:
+    body = _chat(
+        (media_dir / "a.png").as_uri(), stream=True, stream_options={"include_usage": True}
+    )
+    body["model"] = _model_id(vlm_router)
+    events: list[dict[str, Any]] = []
+    with httpx.stream(
+        "POST", vlm_router.base + "/v1/chat/completions", json=body, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+    text = "".join(
+        choice.get("delta", {}).get("content") or ""
+        for e in events
+        for choice in e.get("choices", [])
+    )
+    usage = next(e["usage"] for e in reversed(events) if e.get("usage"))
+    assert text and usage["completion_tokens"] == 6
+    assert usage["prompt_tokens"] == _expanded_prompt_len(tiny_vlm)
+    # Streamed and not streamed agree.
+    whole = _post(vlm_router, _chat((media_dir / "a.png").as_uri())).json()
+    assert whole["choices"][0]["message"]["content"] == text
+
+
+def test_a_refused_image_is_a_400(vlm_router: Router) -> None:
+    response = _post(vlm_router, _chat("file:///etc/hostname"))
+    assert response.status_code == 400, response.text
+
+
+def _labels(entry: Any) -> dict[str, str]:
+    """Every string-valued key of a /workers entry, nested dicts flattened."""
+    found: dict[str, str] = {}
+    if isinstance(entry, dict):
+        for key, value in entry.items():
+            if isinstance(value, dict | list):
+                found |= _labels(value)
+            else:
+                found[str(key)] = str(value)
+    elif isinstance(entry, list):
+        for value in entry:
+            found |= _labels(value)
+    return found
+
+
+def test_the_router_shows_the_advertised_labels(vlm_router: Router, vlm_worker: Worker) -> None:
+    workers = httpx.get(vlm_router.base + "/workers", timeout=10).json()
+    entries = workers.get("workers", workers) if isinstance(workers, dict) else workers
+    (entry,) = [w for w in entries if str(vlm_worker.port) in w.get("url", "")]
+    labels = _labels(entry)
+    assert labels.get("mm_processor") == "inprocess", entry
+    assert labels.get("mm_media_ref_schemes") == "http,https,data,file"
+    assert labels.get("mm_processor_source") == "flag"
+    assert labels.get("mm_item_limits") == "image=2"
+
+
+def test_the_worker_logged_its_mode_and_source(vlm_worker: Worker) -> None:
+    log = vlm_worker.log.read_text(errors="replace")
+    assert "VllmEngineServicer initialized (mm_processor=inprocess, source=flag)" in log
+    assert "without --allowed-media-domains" in log
