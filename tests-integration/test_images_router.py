@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from smg_it.harness import Router, Worker, free_port, vllm_worker
 
+from smg_it.harness import Router, Worker, free_port, vllm_worker
 from smg_servicer_core.testing.media import data_url, png_image
 from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
 

@@ -136,4 +136,5 @@ async def _serving(llm: Any, mm_settings: Any = None) -> AsyncIterator[tuple[Any
         async with running_server([binding], HealthFrame("unused"), ExternalEngine()) as server:
             yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)
     finally:
-        servicer.metrics_server.close()
+        if servicer.metrics_server is not None:
+            servicer.metrics_server.close()

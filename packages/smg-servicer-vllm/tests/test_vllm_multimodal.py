@@ -504,3 +504,29 @@ async def test_a_text_model_ignores_the_flag_and_takes_no_images(
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "--mm-processor inprocess is ignored" in caplog.text
     assert "VllmEngineServicer initialized (mm_processor=off, source=env)" in caplog.text
+
+
+async def test_the_settings_come_from_the_launcher_parse_else_the_environment(
+    vlm_llm, serve_llm, monkeypatch, caplog
+) -> None:
+    """``VllmEngineServicer(async_llm, start_time)`` as vLLM's launcher calls it: the plugin's
+    parse when there was one, else the ``SMG_VLLM_MM_*`` variables."""
+    import argparse
+
+    from smg_servicer_vllm import plugin
+
+    monkeypatch.setenv("SMG_VLLM_MM_PROCESSOR", "inprocess")
+    monkeypatch.setattr(plugin, "_launched", {})
+    with caplog.at_level("INFO"):
+        async with serve_llm(vlm_llm) as (servicer, _):
+            assert servicer.mm_settings.source == "env"
+    assert "VllmEngineServicer initialized (mm_processor=inprocess, source=env)" in caplog.text
+    assert "SMG_VLLM_MM_PROCESSOR is deprecated" in caplog.text
+    caplog.clear()
+    parsed = argparse.Namespace(mm_processor="off", mm_max_inflight="2")
+    monkeypatch.setattr(plugin, "_launched", {"launch": plugin.resolve_launch(parsed)})
+    with caplog.at_level("INFO"):
+        async with serve_llm(vlm_llm) as (servicer, stub):
+            assert servicer.mm_settings.max_inflight == 2
+            assert (await stub.GetServerInfo(pb.GetServerInfoRequest())).mm_processor == ""
+    assert "VllmEngineServicer initialized (mm_processor=off, source=flag)" in caplog.text

@@ -27,10 +27,12 @@ from typing import Any
 from smg_servicer_core.cli import metrics_settings
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.errors import ConfigError
-from smg_servicer_vllm.mm_settings import MmSettings, add_flags, resolve_mm_settings
+from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
 
 LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
 _MARK = "_smg_servicer_wrapped"
+#: Every variable a gRPC parse reads.
+SETTINGS_ENV = tuple(s.env for s in (*SETTINGS, *metrics_settings("vllm")) if s.env)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,244 @@
+"""The ``vllm.general_plugins`` entry point on vLLM's real command-line parsers: the ``--mm-*`` and
+``--metrics-*`` flags exist on gRPC parses only, each falls back to its variable with a
+deprecation line, a bad value exits 2 with one line, and a non-gRPC parse is left untouched."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smg_servicer_vllm import plugin
+
+MODEL = "/models/m"
+
+
+@pytest.fixture(autouse=True)
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(plugin.SETTINGS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    plugin.register()
+    plugin.register()  # vLLM may load its plugins more than once per process
+    monkeypatch.setattr(plugin, "_launched", {})
+    yield
+
+
+def serve_parser() -> Any:
+    """``vllm``'s top-level parser with its ``serve`` subcommand, as ``vllm`` builds it."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    return parser
+
+
+def launcher_parser(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``python -m vllm.entrypoints.launchers.grpc_server``'s parser, ``__main__`` its module."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name=plugin.LAUNCHER_MODULES[0])  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    parser = FlexibleArgumentParser(description="vLLM gRPC Server")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=50051)
+    return AsyncEngineArgs.add_cli_args(parser)
+
+
+def test_the_entry_point_is_registered() -> None:
+    (found,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "smg-servicer"]
+    assert found.value == "smg_servicer_vllm.plugin:register"
+
+
+def test_a_serve_parse_without_grpc_is_untouched() -> None:
+    args = serve_parser().parse_args(["serve", MODEL])
+    assert not hasattr(args, "mm_processor") and not hasattr(args, "metrics_port")
+    assert plugin.launcher_settings() is None
+    with pytest.raises(SystemExit):  # not a flag of the HTTP server
+        serve_parser().parse_args(["serve", MODEL, "--mm-processor", "inprocess"])
+
+
+def test_every_flag_on_vllm_serve_grpc() -> None:
+    serve_parser().parse_args(
+        [
+            "serve",
+            MODEL,
+            "--grpc",
+            "--mm-processor",
+            "inprocess",
+            "--mm-max-inflight",
+            "3",
+            "--mm-max-items",
+            "image=2",
+            "--mm-max-item-bytes",
+            "4096",
+            "--mm-redis-url",
+            "redis://u:secret@10.0.0.1:6380/1",
+            "--mm-sidecar-timeout-ms",
+            "500",
+            "--mm-sidecar-max-queue",
+            "7",
+            "--mm-sidecar-namespace",
+            "ns-1",
+            "--metrics-port",
+            "9100",
+            "--metrics-host",
+            "127.0.0.1",
+        ]  # fmt: skip
+    )
+    launch = plugin.launcher_settings()
+    assert launch is not None
+    mm = launch.mm
+    assert (mm.processor, mm.source, mm.max_inflight, dict(mm.max_items or {})) == (
+        "inprocess",
+        "flag",
+        3,
+        {"image": 2},
+    )
+    assert (mm.max_item_bytes, mm.sidecar_timeout_ms, mm.sidecar_max_queue) == (4096, 500, 7)
+    assert (mm.redis_url, mm.sidecar_namespace) == ("redis://u:secret@10.0.0.1:6380/1", "ns-1")
+    assert set(mm.sources.values()) == {"flag", "default"}  # the frame cap is env-only
+    assert "secret" not in mm.describe() and "***@10.0.0.1:6380" in mm.describe()
+    assert (launch.metrics["metrics_port"], launch.metrics["metrics_host"]) == (9100, "127.0.0.1")
+
+
+def test_the_launcher_module_gets_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = launcher_parser(monkeypatch).parse_args(["--model", MODEL, "--mm-processor", "off"])
+    assert args.mm_processor == "off"
+    launch = plugin.launcher_settings()
+    assert launch is not None and (launch.mm.processor, launch.mm.source) == ("off", "flag")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field", "expected"),
+    [
+        ("SMG_VLLM_MM_PROCESSOR", "inprocess", "processor", "inprocess"),
+        ("SMG_VLLM_MM_MAX_INFLIGHT", "5", "max_inflight", 5),
+        ("SMG_VLLM_MM_MAX_ITEMS", "3", "max_items", {"image": 3, "video": 3, "audio": 3}),
+        ("SMG_VLLM_MM_MAX_ITEM_BYTES", "1024", "max_item_bytes", 1024),
+        (
+            "SMG_VLLM_MM_REDIS_URL",
+            "redis://127.0.0.1:7000/0",
+            "redis_url",
+            "redis://127.0.0.1:7000/0",
+        ),
+        ("SMG_VLLM_MM_SIDECAR_TIMEOUT_MS", "250", "sidecar_timeout_ms", 250),
+        ("SMG_VLLM_MM_SIDECAR_MAX_QUEUE", "9", "sidecar_max_queue", 9),
+        ("SMG_VLLM_MM_SIDECAR_NAMESPACE", "abc", "sidecar_namespace", "abc"),
+    ],
+)
+def test_each_flag_falls_back_to_its_variable_with_a_deprecation_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    variable: str, value: str, field: str, expected: Any,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(variable, value)
+    with caplog.at_level("WARNING"):
+        launcher_parser(monkeypatch).parse_args(["--model", MODEL])
+    launch = plugin.launcher_settings()
+    assert launch is not None
+    got = getattr(launch.mm, field)
+    assert (dict(got) if isinstance(got, dict) else got) == expected
+    assert launch.mm.sources[field] == "env"
+    assert f"{variable} is deprecated and goes away in the next minor release" in caplog.text
+
+
+def test_a_flag_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_VLLM_MM_MAX_INFLIGHT", "5")
+    launcher_parser(monkeypatch).parse_args(["--model", MODEL, "--mm-max-inflight", "2"])
+    launch = plugin.launcher_settings()
+    assert launch is not None and (launch.mm.max_inflight, launch.mm.sources["max_inflight"]) == (
+        2,
+        "flag",
+    )
+
+
+def test_the_video_frame_cap_is_env_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_VLLM_MM_MAX_VIDEO_FRAMES", "16")
+    parser = launcher_parser(monkeypatch)
+    args = parser.parse_args(["--model", MODEL])
+    launch = plugin.launcher_settings()
+    assert launch is not None and launch.mm.max_video_frames == 16
+    assert not hasattr(args, "mm_max_video_frames")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--mm-processor", "smg"], {}, "--mm-processor: invalid value 'smg'"),
+        (["--mm-processor", "gpu"], {}, "expected one of off, inprocess, redis"),
+        (["--mm-max-inflight", "0"], {}, "--mm-max-inflight: must be a positive integer"),
+        (["--mm-max-items", "image=two"], {}, "--mm-max-items: invalid value"),
+        (["--mm-redis-url", "http://x"], {}, "--mm-redis-url: invalid value"),
+        ([], {"SMG_VLLM_MM_SIDECAR_TIMEOUT_MS": "soon"}, "SMG_VLLM_MM_SIDECAR_TIMEOUT_MS: invalid"),
+        ([], {"SMG_VLLM_MM_MAX_VIDEO_FRAMES": "-1"}, "SMG_VLLM_MM_MAX_VIDEO_FRAMES: must be 0"),
+        (["--metrics-port", "70000"], {}, "--metrics-port: must be a TCP port"),
+    ],
+)
+def test_a_bad_value_exits_2_with_one_line_whatever_the_mode(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], env: dict[str, str], message: str,
+) -> None:  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        launcher_parser(monkeypatch).parse_args(["--model", MODEL, *argv])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_help_lists_the_flags(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        launcher_parser(monkeypatch).parse_args(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--mm-processor", "--mm-max-inflight", "--mm-sidecar-namespace", "--metrics-port"):
+        assert flag in out
+
+
+def test_the_real_launcher_exits_2_before_building_the_engine(tmp_path: Path) -> None:
+    """``python -m vllm.entrypoints.launchers.grpc_server`` loads the plugin through its entry
+    point (no test monkeypatching): a bad value stops it at the parse."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            plugin.LAUNCHER_MODULES[0],
+            "--model",
+            str(tmp_path),
+            "--mm-max-item-bytes",
+            "lots",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "error: --mm-max-item-bytes: invalid value 'lots': invalid literal for int() with base 10: 'lots'"
+        )
+    )
+
+
+def test_the_parser_is_wrapped_once() -> None:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    wrapped = FlexibleArgumentParser.parse_known_args
+    plugin.register()
+    assert FlexibleArgumentParser.parse_known_args is wrapped
+    assert isinstance(argparse.ArgumentParser.parse_known_args, types.FunctionType)
