@@ -39,7 +39,6 @@ FACTS = {
     "eos_token_ids": [2],
     "pad_token_id": 0,
     "bos_token_id": 1,
-    "supports_vision": False,
     "num_labels": 0,
     "id2label": {},
 }

@@ -157,3 +157,15 @@ def test_disaggregation_and_routing_fields() -> None:
     plain = one(gen())
     assert plain.bootstrap_room is None  # type: ignore[attr-defined]
     assert plain.routed_dp_rank is None  # type: ignore[attr-defined]
+
+
+def test_images_are_refused_with_a_message_that_says_so() -> None:
+    image = gen()
+    image.mm_inputs.pixel_values.data = b"\x00" * 12
+    for request in (image, pb.EmbedRequest(request_id="e", mm_inputs=image.mm_inputs)):
+        request.tokenized.input_ids.extend([1, 2])
+        with pytest.raises(InvalidRequest, match="images are not served by this SGLang worker"):
+            if isinstance(request, pb.EmbedRequest):
+                convert.embed_req(request, LIMITS)
+            else:
+                convert.generate_reqs(request, LIMITS)

@@ -241,7 +241,9 @@ BAD = {
     "top_p above 1": request([1, 2], sampling={"top_p": 1.5}),
     "max_new_tokens past context": request([1, 2], sampling={"max_new_tokens": 5000}),
     "hidden states": request([1, 2], return_hidden_states=True),
+    "image": request([1, 2]),
 }
+BAD["image"].mm_inputs.pixel_values.data = b"\x00" * 12
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -270,6 +272,7 @@ async def test_health_and_info(stub: Any, sglang_server: Server) -> None:
     assert info.max_context_length == 1024  # the context, not the KV pool (65,536)
     assert info.vocab_size == VOCAB
     assert info.is_generation
+    assert not info.supports_vision  # images are refused (test_bad_input_is_invalid_argument)
     assert info.tokenizer_path
     server = await stub.GetServerInfo(pb.GetServerInfoRequest())
     assert server.server_type == "grpc"

@@ -249,7 +249,6 @@ def model_facts(server_args: Any) -> dict[str, Any]:
         "eos_token_ids": eos_ids,
         "pad_token_id": int(getattr(text, "pad_token_id", None) or 0),
         "bos_token_id": int(getattr(text, "bos_token_id", None) or 0),
-        "supports_vision": bool(getattr(config, "is_multimodal", False)),
         "num_labels": int(getattr(hf, "num_labels", 0) or 0),
         "id2label": dict(getattr(hf, "id2label", None) or {}),
     }

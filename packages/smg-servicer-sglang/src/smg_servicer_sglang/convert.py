@@ -131,11 +131,19 @@ def sampling_params(
     }
 
 
+#: SGLang's CPU build runs none of its vision models here, so its image path is untested and not
+#: served: the worker advertises ``supports_vision=false`` and refuses pixel tensors with this.
+IMAGES_REFUSED = (
+    "images are not served by this SGLang worker (it advertises supports_vision=false); "
+    "send them to a vLLM worker"
+)
+
+
 def _check_generate(request: pb.GenerateRequest, limits: ModelLimits) -> None:
     if request.return_hidden_states:
         raise InvalidRequest("return_hidden_states is not served by this worker; ask without it")
-    if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
-        raise InvalidRequest("multimodal inputs are not served by this worker")
+    if request.HasField("mm_inputs"):
+        raise InvalidRequest(IMAGES_REFUSED)
     if request.input_embeds:
         raise InvalidRequest("input_embeds are not served by this worker; send token ids")
     validate.logprob_count("logprobs", request.top_logprobs_num)
@@ -187,8 +195,8 @@ def generate_reqs(
 def embed_req(request: pb.EmbedRequest, limits: ModelLimits) -> ReqSpec:
     if request.is_cross_encoder or request.texts:
         raise InvalidRequest("cross-encoder scoring is not served by this worker")
-    if request.HasField("mm_inputs") and request.mm_inputs.ByteSize():
-        raise InvalidRequest("multimodal inputs are not served by this worker")
+    if request.HasField("mm_inputs"):
+        raise InvalidRequest(IMAGES_REFUSED)
     ids = prompt_ids(request.tokenized, limits)
     if request.token_type_ids and len(request.token_type_ids) != len(ids):
         raise InvalidRequest("token_type_ids must be as long as input_ids")

@@ -365,7 +365,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             ),
             weight_version=str(getattr(args, "weight_version", "") or "default"),
             served_model_name=str(args.served_model_name or args.model_path),
-            supports_vision=bool(facts["supports_vision"]),
+            supports_vision=False,  # images are refused (convert.IMAGES_REFUSED)
             model_type=str(facts["model_type"]),
             eos_token_ids=tuple(facts["eos_token_ids"]),
             pad_token_id=int(facts["pad_token_id"]),
