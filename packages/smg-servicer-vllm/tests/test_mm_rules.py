@@ -189,7 +189,7 @@ def test_item_limits_and_their_label() -> None:
     assert parse_item_limits("4") == {"image": 4, "video": 4, "audio": 4}
     assert parse_item_limits(" image=1 , video=0") == {"image": 1, "video": 0}
     for bad in ("image", "image=1,image=2", "pixels=3", "-1"):
-        with pytest.raises(ValueError, match="expected|twice"):
+        with pytest.raises(ValueError, match=r"expected|twice"):
             parse_item_limits(bad)
 
 
