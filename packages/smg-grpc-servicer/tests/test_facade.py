@@ -45,6 +45,11 @@ def test_vllm_paths_are_our_classes() -> None:
     assert VllmEngineServicer is smg_servicer_vllm.servicer.VllmEngineServicer
     assert VllmHealthServicer is smg_servicer_vllm.health_servicer.VllmHealthServicer
     assert facade.VllmEngineServicer is VllmEngineServicer
+    from smg_grpc_servicer.vllm.plugin import launcher_settings, register
+    from smg_servicer_vllm import mm_settings, plugin
+
+    assert facade.MmSettings is mm_settings.MmSettings
+    assert (register, launcher_settings) == (plugin.register, plugin.launcher_settings)
     with pytest.raises(AttributeError):
         _ = facade.NoSuchThing
 
@@ -116,7 +121,7 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
     code = (
         "import sys\n"
         "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
-        "import smg_servicer_vllm.sampling\n"
+        "import smg_servicer_vllm.sampling, smg_servicer_vllm.mm, smg_servicer_vllm.plugin\n"
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
         "import smg_servicer_tokenspeed.convert, smg_servicer_tokenspeed.info\n"
         "import smg_servicer_tokenspeed.loads, smg_servicer_tokenspeed.settings\n"

@@ -1,7 +1,7 @@
 """SMG gRPC servicer for vLLM: ``vllm.grpc.engine.VllmEngine`` over an in-process ``AsyncLLM``.
 
-``VllmEngineServicer`` and ``VllmHealthServicer`` are resolved lazily, so importing this package
-imports no vLLM (the servicer modules do).
+``VllmEngineServicer``, ``VllmHealthServicer`` and ``MmSettings`` are resolved lazily, so importing
+this package imports no vLLM (the servicer modules do).
 """
 
 from importlib import import_module
@@ -10,6 +10,7 @@ from typing import Any
 _LAZY = {
     "VllmEngineServicer": "smg_servicer_vllm.servicer",
     "VllmHealthServicer": "smg_servicer_vllm.health_servicer",
+    "MmSettings": "smg_servicer_vllm.mm_settings",
 }
 
 

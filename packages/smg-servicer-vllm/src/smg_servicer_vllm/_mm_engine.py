@@ -25,7 +25,6 @@ import torch
 import vllm.envs as vllm_envs
 from vllm.inputs.engine import mm_input
 from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.encoder_budget import MultiModalBudget
 from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems, PlaceholderRange
 from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY
 
@@ -302,12 +301,21 @@ def mm_facts(engine: Any) -> MmFacts:
         return MmFacts()
     processor = MULTIMODAL_REGISTRY.create_processor(mc)
     limits = {m: int(n) for m, n in processor.info.allowed_mm_limits.items() if n}
-    budget = MultiModalBudget(engine.vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
+    try:  # the module moved between vLLM releases; the label is informative only
+        from vllm.multimodal.encoder_budget import MultiModalBudget  # noqa: PLC0415
+
+        budget = int(
+            MultiModalBudget(
+                engine.vllm_config, MULTIMODAL_REGISTRY, enable_cache=False
+            ).get_encoder_budget()
+        )
+    except ImportError:
+        budget = 0
     return MmFacts(
         supported=True,
         limits=limits,
         anchors=_anchor_tokens(getattr(mc, "hf_config", None)),
-        encoder_budget=int(budget.get_encoder_budget()),
+        encoder_budget=budget,
     )
 
 

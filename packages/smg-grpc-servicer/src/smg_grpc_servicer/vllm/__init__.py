@@ -1,14 +1,16 @@
 """``smg_grpc_servicer.vllm``: what ``vllm serve MODEL --grpc`` imports, from smg-servicer-vllm.
 
-``VllmEngineServicer(async_llm, start_time, mm_settings=None)`` and
-``VllmHealthServicer(async_llm)`` are resolved lazily, so importing this package imports no engine.
+``VllmEngineServicer(async_llm, start_time, mm_settings=None)``, ``VllmHealthServicer(async_llm)``
+and ``MmSettings`` (what a launcher passes as ``mm_settings``) are resolved lazily, so importing
+this package imports no engine. ``smg_grpc_servicer.vllm.plugin.register`` is the vLLM general
+plugin (registered by smg-servicer-vllm as ``vllm.general_plugins: smg-servicer``).
 """
 
 from typing import Any
 
 from smg_grpc_servicer._delegate import load
 
-_LAZY_NAMES = ("VllmEngineServicer", "VllmHealthServicer")
+_LAZY_NAMES = ("VllmEngineServicer", "VllmHealthServicer", "MmSettings")
 
 
 def __getattr__(name: str) -> Any:
