@@ -68,17 +68,23 @@ async def test_flush_cache_refusal_and_deadline(fake_stack: tuple[Any, Any]) -> 
     assert (await stub.FlushCache(common_pb2.FlushCacheRequest())).success
 
 
-async def test_multimodal_input_is_unimplemented(fake_stack: tuple[Any, Any]) -> None:
+async def test_a_text_model_refuses_images_as_invalid_argument(fake_stack: tuple[Any, Any]) -> None:
     _, stub = fake_stack
-    request = pb.GenerateRequest(
-        request_id="mm",
+    refs = pb.GenerateRequest(
+        request_id="mm-refs",
         tokenized=pb.TokenizedInput(input_ids=[1]),
         media_refs=pb.MediaRefs(items=[pb.MediaRef(url="http://x")]),
     )
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        async for _ in stub.Generate(request):
-            pass
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    tensors = pb.GenerateRequest(
+        request_id="mm-tensors", tokenized=pb.TokenizedInput(input_ids=[1])
+    )
+    tensors.mm_inputs.im_token_id = 1
+    for request, message in ((refs, "--mm-processor"), (tensors, "accepts no multimodal input")):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in stub.Generate(request):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (info.value.details() or "")
 
 
 @pytest.mark.contract

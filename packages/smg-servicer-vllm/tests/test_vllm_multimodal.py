@@ -44,6 +44,7 @@ def media_server() -> Iterator[MediaServer]:
     with MediaServer() as server:
         server.put("/a.png", png_image(40, 50, seed=1))
         server.put("/slow.png", png_image(40, 50, seed=1), delay_s=3.0)
+        server.put("/stalled.png", png_image(40, 50, seed=1), delay_s=60.0)
         server.put("/gone.png", status=404)
         server.put("/flaky.png", status=503)
         yield server
@@ -253,6 +254,7 @@ async def test_a_bad_media_ref_is_invalid_argument_and_the_worker_goes_on(
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert message in (error.details() or "")
     assert "Traceback" not in (error.details() or "")
+    assert (await stub.HealthCheck(pb.HealthCheckRequest())).healthy
     after = await complete(stub, media_request(ids["one"], data_url(png_image(40, 50, seed=1))))
     assert after.completion_tokens == MAX_TOKENS
 
@@ -262,6 +264,20 @@ async def test_an_upstream_5xx_is_unavailable(vlm, ids, media_server) -> None:
     error = await refused(stub, media_request(ids["one"], media_server.url("/flaky.png")))
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "answered HTTP 503" in (error.details() or "")
+
+
+async def test_a_fetch_timeout_is_unavailable(vlm, ids, media_server, monkeypatch) -> None:
+    """``VLLM_IMAGE_FETCH_TIMEOUT`` (vLLM's own setting; one attempt here) bounds the fetch."""
+    import vllm.envs
+
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")
+    monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "1")
+    if vllm.envs.VLLM_IMAGE_FETCH_TIMEOUT != 1:  # pragma: no cover - a vLLM that caches envs
+        pytest.fail("vLLM did not read VLLM_IMAGE_FETCH_TIMEOUT at fetch time")
+    _, stub = vlm
+    error = await refused(stub, media_request(ids["one"], media_server.url("/stalled.png")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "timed out" in (error.details() or "")
 
 
 async def test_an_inline_item_over_the_byte_cap_is_refused(vlm_llm, serve_llm, ids) -> None:
