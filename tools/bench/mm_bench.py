@@ -40,7 +40,7 @@ from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm, image_token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_BYTES = 3 * 56 * 56 * 4 + 56 * 56 * 8  # float32 pixels + int64 mask per 56-pixel patch
-MAX_LEN = 4096
+MAX_LEN = 2048  # the tiny model's max_position_embeddings
 
 
 def pct(values: list[float], q: float) -> float:

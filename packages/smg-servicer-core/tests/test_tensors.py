@@ -11,7 +11,7 @@ from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as ts_pb
 from smg_servicer_core.proto import vllm_engine_pb2 as vllm_pb
-from smg_servicer_core.tensors import read_tensor
+from smg_servicer_core.tensors import read_tensor, release_shm, shm_namespace_id
 
 pytestmark = pytest.mark.unit
 FOUR_FLOATS = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
@@ -79,3 +79,23 @@ def test_a_range_past_the_segment_is_refused() -> None:
         read_tensor(ts_pb.TensorData(shape=[4], dtype="float32", shm=handle), "x")
     assert "exceeds the segment" in err.value.message
     segment.close()
+
+
+def test_release_frees_unread_segments_and_skips_the_rest() -> None:
+    segment = shared_memory.SharedMemory(create=True, size=8)
+    unread = vllm_pb.TensorData(shape=[2], dtype="float32")
+    unread.shm.name, unread.shm.nbytes = segment.name, 8
+    gone = vllm_pb.TensorData(shape=[2], dtype="float32")
+    gone.shm.name, gone.shm.nbytes = "smg-already-gone", 8
+    traversal = vllm_pb.TensorData(shape=[2], dtype="float32")
+    traversal.shm.name = "../../etc/passwd"
+    inline = vllm_pb.TensorData(shape=[2], dtype="float32", inline=b"\0" * 8)
+    assert release_shm([unread, gone, traversal, inline]) == 1
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=segment.name)
+    segment.close()
+
+
+def test_the_shm_namespace_names_this_boot_and_mount() -> None:
+    boot, device = shm_namespace_id().split(":")
+    assert len(boot) == 36 and int(device) > 0

@@ -79,12 +79,12 @@ async def test_a_text_model_refuses_images_as_invalid_argument(fake_stack: tuple
         request_id="mm-tensors", tokenized=pb.TokenizedInput(input_ids=[1])
     )
     tensors.mm_inputs.im_token_id = 1
-    for request, message in ((refs, "--mm-processor"), (tensors, "accepts no multimodal input")):
+    for request in (refs, tensors):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for _ in stub.Generate(request):
                 pass
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert message in (info.value.details() or "")
+        assert "this model accepts no multimodal input" in (info.value.details() or "")
 
 
 @pytest.mark.contract

@@ -454,6 +454,20 @@ def _broken_tensors(
     }
 
 
+async def test_a_refused_request_frees_its_shared_memory(vlm, vlm_llm, ids) -> None:
+    """Refused as the client's fault before any tensor was read: the segments go anyway."""
+    _, stub = vlm
+    engine_input = await processed(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
+    segments: list[Any] = []
+    request = tensor_request(engine_input, ids["<image>"], shm=segments)
+    request.mm_inputs.ClearField("mm_placeholders")
+    error = await refused(stub, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert segments and not any(still_there(s.name) for s in segments)
+    for segment in segments:
+        segment.close()
+
+
 BROKEN = [
     "unknown dtype",
     "shape and size disagree",

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
@@ -109,6 +110,28 @@ def read_tensor(message: Any, where: str, *, max_bytes: int = MAX_TENSOR_BYTES) 
             f"{where}: shape {list(shape)} of {dtype} is {expected} bytes, got {len(data)}"
         )
     return RawTensor(dtype, shape, data)
+
+
+def release_shm(messages: Iterable[Any]) -> int:
+    """Unlink the shared-memory segments of ``messages`` (``TensorData``) that are still there; the
+    number unlinked. For a request refused as the client's fault before its tensors were read: the
+    router handed the segments over, so the worker frees them either way. (A retryable refusal
+    leaves them: the router may send the same handles to another worker.)"""
+    released = 0
+    for message in messages:
+        if message.WhichOneof("payload") != "shm" or not _SHM_NAME.match(message.shm.name):
+            continue
+        try:
+            segment = shared_memory.SharedMemory(name=str(message.shm.name).lstrip("/"))
+        except (OSError, ValueError):
+            continue  # already read and unlinked, or never there
+        segment.close()
+        try:
+            segment.unlink()
+            released += 1
+        except OSError:
+            continue
+    return released
 
 
 def shm_namespace_id() -> str:

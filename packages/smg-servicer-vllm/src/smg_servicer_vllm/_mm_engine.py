@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -29,7 +29,7 @@ from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems,
 from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY
 
 from smg_servicer_core.errors import InvalidRequest
-from smg_servicer_core.tensors import RawTensor, read_tensor, shm_namespace_id
+from smg_servicer_core.tensors import RawTensor, read_tensor, release_shm, shm_namespace_id
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
     MediaItem,
@@ -357,25 +357,38 @@ class MultimodalPath:
 
     async def engine_input(self, request: Any, ids: list[int]) -> Any | None:
         """The engine input for a multimodal request, or None for a text request."""
-        if request.HasField("media_refs"):
+        refs, tensors = request.HasField("media_refs"), has_tensors(request)
+        if not (refs or tensors):
+            return None
+        if not self.facts.supported:
+            raise InvalidRequest("this model accepts no multimodal input")
+        if refs:
             items = media_items(
                 request,
-                self.settings if self.processor else replace(self.settings, processor="off"),
+                self.settings,
                 limits=self.limits,
                 schemes=self.schemes,
                 anchors=self.facts.anchors,
             )
-            assert self.processor is not None  # media_items refused the request otherwise
+            assert self.processor is not None  # processing is on (media_items checked)
             with self.gate.slot():
                 return await self.processor.engine_input(
                     ids, items, request.tokenized.original_text
                 )
-        if not has_tensors(request):
-            return None
-        if not self.facts.supported:
-            raise InvalidRequest("this model accepts no multimodal input")
         with self.gate.slot():
             return await asyncio.to_thread(tensor_input, request, ids, self.dtype)
+
+    @staticmethod
+    def release(request: Any) -> None:
+        """Free the shared-memory tensors of a request refused as the client's fault."""
+        batches = [request.mm_inputs] if request.HasField("mm_inputs") else []
+        batches += list(request.extra_mm_inputs)
+        if batches:
+            release_shm(
+                tensor
+                for batch in batches
+                for tensor in (batch.pixel_values, *batch.model_specific_tensors.values())
+            )
 
     def server_info(self) -> dict[str, Any]:
         """The ``GetServerInfo`` multimodal labels."""

@@ -149,6 +149,13 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     # Generate ----------------------------------------------------------------------------------
 
     async def _prompt(self, request: pb.GenerateRequest) -> Any:
+        try:
+            return await self._engine_prompt(request)
+        except InvalidRequest:
+            self.multimodal.release(request)  # a client fault: nobody reads its tensors now
+            raise
+
+    async def _engine_prompt(self, request: pb.GenerateRequest) -> Any:
         kind = request.WhichOneof("input")
         if kind == "tokenized":
             ids = list(request.tokenized.input_ids)
