@@ -9,8 +9,9 @@
    the worker's front-end process CPU (where the servicer reads and builds the tensors) per
    request, and latency.
 
-Arms alternate (A B A B ...) for ``--repeat`` rounds; each line is one arm of one round, then a
-``summary`` line per comparison gives the ratio of medians and the per-round spread.
+Arms alternate (A B A B ...) for ``--repeat`` rounds; each JSON line is one arm of one round, then
+a ``summary`` line per comparison gives the per-round ratio B/A (median, min, max) and the median
+difference. vLLM logs to stdout too: ``... | grep '^{'`` keeps the JSON.
 
     uv run python tools/bench/mm_bench.py [--repeat 3] [--requests 24] [--max-tokens 8]
 """
@@ -24,7 +25,7 @@ import json
 import statistics
 import sys
 import time
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,9 @@ async def inline_vs_shm(
                 before = cpu()
                 latencies = await timed(1, len(requests), lambda i, r=requests: consume(stub, r[i]))
                 used_ms = (cpu() - before) * 1000 / len(requests)
-                for segment in segments:
+                for segment in segments:  # the worker unlinked them: forget them here too
                     segment.close()
+                    resource_tracker.unregister(segment._name, "shared_memory")  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownArgumentType]
                 figures[arm] = (used_ms, pct(latencies, 0.5))
                 report(
                     {
