@@ -197,30 +197,9 @@ def mlx_worker(model: Path, port: int, *extra: str) -> Worker:
 def vllm_worker(model: Path, port: int, *extra: str) -> Worker:
     """vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs), which imports our
     servicer through ``smg_grpc_servicer.vllm``; CPU-sized for the tiny model."""
-    return Worker(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.launchers.grpc_server",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "1024",
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(128 << 20),
-            "--disable-log-stats",
-            *extra,
-        ],
-        port,
-        start_timeout_s=240,
-    )
+    from smg_servicer_vllm.testing import launcher_command
+
+    return Worker(launcher_command(model, port, *extra), port, start_timeout_s=240)
 
 
 def sglang_worker(model: Path, port: int, *extra: str) -> Worker:

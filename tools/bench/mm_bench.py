@@ -23,7 +23,6 @@ import asyncio
 import io
 import json
 import statistics
-import sys
 import time
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
@@ -38,6 +37,7 @@ from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.media import data_url, png_image
 from smg_servicer_core.testing.process import free_port, start_worker
 from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm, image_token_ids
+from smg_servicer_vllm.testing import launcher_command
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_BYTES = 3 * 56 * 56 * 4 + 56 * 56 * 8  # float32 pixels + int64 mask per 56-pixel patch
@@ -244,33 +244,9 @@ async def main_async(args: argparse.Namespace) -> None:
     ids = chat_ids(model)
     image_token = image_token_ids(model)["<image>"]
     port = free_port()
-    engine_flags = [
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_LEN),
-        "--max-num-batched-tokens",
-        str(MAX_LEN),
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(256 << 20),
-        "--disable-log-stats",
-    ]
+    extra = ["--max-num-batched-tokens", str(MAX_LEN), "--kv-cache-memory-bytes", str(256 << 20)]
     worker = start_worker(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.launchers.grpc_server",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *engine_flags,
-            "--mm-processor",
-            "inprocess",
-        ],
+        launcher_command(model, port, *extra, "--mm-processor", "inprocess", max_model_len=MAX_LEN),
         port,
         "vllm.grpc.engine.VllmEngine",
     )

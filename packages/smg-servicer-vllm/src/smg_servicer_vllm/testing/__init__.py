@@ -5,8 +5,40 @@ outputs, ``abort``, ``errored``, ``check_health``, ``model_config``, ``vllm_conf
 ``output_processor``, ...) and costs nothing per token unless told to sleep. Its outputs have the
 attributes of vLLM's ``RequestOutput``/``CompletionOutput``; the engine-tier tests run the same
 servicer against the real ``AsyncLLM``, which keeps this fake honest.
+
+:func:`launcher_command` is vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs) on
+loopback, CPU-sized for the tiny test models.
 """
+
+import sys
 
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
-__all__ = ["FakeAsyncLLM"]
+LAUNCHER = "vllm.entrypoints.launchers.grpc_server"
+
+__all__ = ["LAUNCHER", "FakeAsyncLLM", "launcher_command"]
+
+
+def launcher_command(model: object, port: int, *extra: str, max_model_len: int = 1024) -> list[str]:
+    """``python -m vllm.entrypoints.launchers.grpc_server --model MODEL`` on 127.0.0.1:``port``,
+    float32, eager, 128 MiB of KV cache, no stats logging; ``extra`` flags come last (and win)."""
+    return [
+        sys.executable,
+        "-m",
+        LAUNCHER,
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(128 << 20),
+        "--disable-log-stats",
+        *extra,
+    ]
