@@ -45,6 +45,7 @@ def media_server() -> Iterator[MediaServer]:
         server.put("/a.png", png_image(40, 50, seed=1))
         server.put("/slow.png", png_image(40, 50, seed=1), delay_s=3.0)
         server.put("/stalled.png", png_image(40, 50, seed=1), delay_s=60.0)
+        server.put("/held.png", png_image(40, 50, seed=1), delay_s=60.0)
         server.put("/gone.png", status=404)
         server.put("/flaky.png", status=503)
         yield server
@@ -257,6 +258,20 @@ async def test_a_bad_media_ref_is_invalid_argument_and_the_worker_goes_on(
     assert (await stub.HealthCheck(pb.HealthCheckRequest())).healthy
     after = await complete(stub, media_request(ids["one"], data_url(png_image(40, 50, seed=1))))
     assert after.completion_tokens == MAX_TOKENS
+
+
+async def test_an_abort_during_the_fetch_stops_the_request(vlm, ids, media_server) -> None:
+    _, stub = vlm
+    request = media_request(ids["one"], media_server.url("/held.png"))
+    call = asyncio.ensure_future(complete(stub, request))
+    assert await asyncio.to_thread(media_server.hit("/held.png").wait, 30)
+    started = time.monotonic()
+    await stub.Abort(pb.AbortRequest(request_ids=[request.request_id]))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == grpc.StatusCode.ABORTED
+    assert time.monotonic() - started < 5  # not after the 60-second fetch
+    assert (await stub.GetServerInfo(pb.GetServerInfoRequest())).active_requests == 0
 
 
 async def test_an_upstream_5xx_is_unavailable(vlm, ids, media_server) -> None:

@@ -355,21 +355,26 @@ class MultimodalPath:
         local = self.processor.local_media_allowed if self.processor else False
         self.schemes = accepted_schemes(local)
 
-    async def engine_input(self, request: Any, ids: list[int]) -> Any | None:
-        """The engine input for a multimodal request, or None for a text request."""
-        refs, tensors = request.HasField("media_refs"), has_tensors(request)
-        if not (refs or tensors):
-            return None
+    def check(self, request: Any) -> list[MediaItem]:
+        """The cheap checks of a multimodal request (no fetch, no tensor read): its media refs."""
         if not self.facts.supported:
             raise InvalidRequest("this model accepts no multimodal input")
-        if refs:
-            items = media_items(
-                request,
-                self.settings,
-                limits=self.limits,
-                schemes=self.schemes,
-                anchors=self.facts.anchors,
-            )
+        if not request.HasField("media_refs"):
+            return []
+        return media_items(
+            request,
+            self.settings,
+            limits=self.limits,
+            schemes=self.schemes,
+            anchors=self.facts.anchors,
+        )
+
+    async def engine_input(self, request: Any, ids: list[int]) -> Any | None:
+        """The engine input for a multimodal request, or None for a text request."""
+        if not (request.HasField("media_refs") or has_tensors(request)):
+            return None
+        items = self.check(request)
+        if items:
             assert self.processor is not None  # processing is on (media_items checked)
             with self.gate.slot():
                 return await self.processor.engine_input(

@@ -21,9 +21,10 @@ vLLM's ~610,000 start-up objects (a 340 ms stall of every stream here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,6 +47,7 @@ from smg_servicer_core.loads import LoadTracker
 from smg_servicer_core.metrics import EngineLoad, LoadsSource, MetricsServer, ServicerMetrics
 from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.registry import RequestHandle
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
@@ -70,6 +72,23 @@ FLUSH_ATTEMPT_S = 30.0
 PROFILE_TIMEOUT_S = 600.0
 TRACE_KEYS = ("traceparent", "tracestate")
 _METRICS = metrics_settings("vllm")
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, Any], handle: RequestHandle) -> Any:
+    """``work``'s result, or ABORTED as soon as the request is stopped (``work`` cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(handle.stopped.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise Aborted(f"request {handle.request_id} was aborted")
+    return task.result()
 
 
 def trace_headers(context: Context) -> dict[str, str] | None:
@@ -155,6 +174,21 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             self.multimodal.release(request)  # a client fault: nobody reads its tensors now
             raise
 
+    def _check_media(self, request: pb.GenerateRequest) -> None:
+        """A multimodal request's cheap checks, before it is tracked (client faults only)."""
+        try:
+            if request.WhichOneof("input") != "tokenized":
+                raise InvalidRequest(
+                    "multimodal input needs tokenized input (with its placeholders)"
+                )
+            mc = self.engine.model_config
+            ids = list(request.tokenized.input_ids)
+            validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
+            self.multimodal.check(request)
+        except InvalidRequest:
+            self.multimodal.release(request)
+            raise
+
     async def _engine_prompt(self, request: pb.GenerateRequest) -> Any:
         kind = request.WhichOneof("input")
         if kind == "tokenized":
@@ -165,9 +199,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             if engine_input is not None:
                 return engine_input
             return _engine.tokens_prompt(ids, request.tokenized.original_text)
-        if request.HasField("media_refs") or has_tensors(request):
-            raise InvalidRequest("multimodal input needs tokenized input (with its placeholders)")
-        if kind == "text" and request.text:
+        if kind == "text" and request.text:  # multimodal requests are tokenized (_check_media)
             return request.text
         raise InvalidRequest("the request has no input (tokenized or text)")
 
@@ -175,7 +207,12 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        prompt = await self._prompt(request)
+        # Media are fetched and tensors built while the request is tracked, so that an Abort or a
+        # cancel during that work stops it; a text prompt is checked before anything else.
+        media = request.HasField("media_refs") or has_tensors(request)
+        if media:
+            self._check_media(request)
+        prompt = None if media else await self._prompt(request)
         spec = to_sampling_spec(request.sampling_params)
         with translated(building_request=True):
             params = _engine.sampling_params(
@@ -183,6 +220,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             )
         choices: dict[int, _Choice] = {}
         async with self.registry.track(request.request_id) as handle:
+            if prompt is None:
+                prompt = await _unless_stopped(self._prompt(request), handle)
             stream = self.engine.generate(
                 prompt,
                 params,
