@@ -43,8 +43,6 @@ def vlm_worker(tiny_vlm: Path, media_dir: Path) -> Iterator[Worker]:
         str(media_dir),
         "--limit-mm-per-prompt",
         '{"image": 2}',
-        "--kv-cache-memory-bytes",
-        str(64 << 20),
     )
     with vllm_worker(tiny_vlm, free_port(), *extra) as worker:
         yield worker

@@ -244,9 +244,9 @@ async def main_async(args: argparse.Namespace) -> None:
     ids = chat_ids(model)
     image_token = image_token_ids(model)["<image>"]
     port = free_port()
-    extra = ["--max-num-batched-tokens", str(MAX_LEN), "--kv-cache-memory-bytes", str(256 << 20)]
+    extra = ["--max-num-batched-tokens", str(MAX_LEN), "--mm-processor", "inprocess"]
     worker = start_worker(
-        launcher_command(model, port, *extra, "--mm-processor", "inprocess", max_model_len=MAX_LEN),
+        launcher_command(model, port, *extra, max_model_len=MAX_LEN, kv_cache_bytes=256 << 20),
         port,
         "vllm.grpc.engine.VllmEngine",
     )

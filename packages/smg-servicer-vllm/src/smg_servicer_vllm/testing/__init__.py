@@ -19,9 +19,15 @@ LAUNCHER = "vllm.entrypoints.launchers.grpc_server"
 __all__ = ["LAUNCHER", "FakeAsyncLLM", "launcher_command"]
 
 
-def launcher_command(model: object, port: int, *extra: str, max_model_len: int = 1024) -> list[str]:
+def launcher_command(
+    model: object,
+    port: int,
+    *extra: str,
+    max_model_len: int = 1024,
+    kv_cache_bytes: int = 128 << 20,
+) -> list[str]:
     """``python -m vllm.entrypoints.launchers.grpc_server --model MODEL`` on 127.0.0.1:``port``,
-    float32, eager, 128 MiB of KV cache, no stats logging; ``extra`` flags come last (and win)."""
+    float32, eager, ``kv_cache_bytes`` of KV cache, no stats logging; then ``extra``."""
     return [
         sys.executable,
         "-m",
@@ -38,7 +44,7 @@ def launcher_command(model: object, port: int, *extra: str, max_model_len: int =
         str(max_model_len),
         "--enforce-eager",
         "--kv-cache-memory-bytes",
-        str(128 << 20),
+        str(kv_cache_bytes),
         "--disable-log-stats",
         *extra,
     ]
