@@ -466,6 +466,12 @@ def _broken_tensors(
             "names sizes tensor",
         ),
         "no pixels": (variant(lambda b: b.ClearField("pixel_values")), "pixel_values is missing"),
+        # Without im_token_id all 7 positions would take embeddings the encoder makes 4 of: the
+        # engine would fail on it and die.
+        "more embeddings than the model makes": (
+            variant(lambda b: b.ClearField("im_token_id")),
+            "7 embedding positions, more than the 4",
+        ),
     }
 
 
@@ -492,6 +498,7 @@ BROKEN = [
     "no placeholders",
     "missing sizes tensor",
     "no pixels",
+    "more embeddings than the model makes",
 ]
 
 

@@ -70,7 +70,9 @@ def to_torch(raw: RawTensor) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=_TORCH_DTYPES[raw.dtype]).reshape(raw.shape)
 
 
-def _placeholders(batch: Any, where: str, ids: Sequence[int], count: int) -> list[PlaceholderRange]:
+def _placeholders(
+    batch: Any, where: str, ids: Sequence[int], count: int, max_embeds: int | None
+) -> list[PlaceholderRange]:
     ranges: list[PlaceholderRange] = []
     token = int(batch.im_token_id) if batch.HasField("im_token_id") else None
     for i, placeholder in enumerate(batch.mm_placeholders):
@@ -90,6 +92,13 @@ def _placeholders(batch: Any, where: str, ids: Sequence[int], count: int) -> lis
                 )
             if not bool(mask.all()):
                 is_embed = mask
+        embeds = int(is_embed.sum()) if is_embed is not None else length
+        if max_embeds is not None and embeds > max_embeds:
+            # More positions than the encoder fills would fail inside the engine and kill it.
+            raise InvalidRequest(
+                f"{where}.mm_placeholders[{i}]: {embeds} embedding positions, more than the "
+                f"{max_embeds} this model produces for one item"
+            )
         ranges.append(PlaceholderRange(offset=offset, length=length, is_embed=is_embed))
     if len(ranges) != count:
         raise InvalidRequest(f"{where}: {len(ranges)} placeholders for {count} items")
@@ -144,7 +153,11 @@ def _field_config(
 
 
 def _batch(
-    batch: Any, where: str, ids: Sequence[int], model_dtype: torch.dtype, request_id: str
+    batch: Any,
+    where: str,
+    ids: Sequence[int],
+    facts: _TensorFacts,
+    request_id: str,
 ) -> tuple[str, list[Any], list[str], list[PlaceholderRange]]:
     modality = MODALITY_NAMES.get(int(batch.modality))
     if modality is None:
@@ -152,7 +165,7 @@ def _batch(
     count = len(batch.mm_placeholders)
     if count == 0:
         raise InvalidRequest(f"{where}: mm_placeholders is empty")
-    tensors = _tensors(batch, where, modality, model_dtype)
+    tensors = _tensors(batch, where, modality, facts.dtype)
     config = _field_config(batch, where, modality, tensors, count)
     try:
         split = MultiModalKwargsItems.from_hf_inputs(tensors, config)  # pyright: ignore[reportArgumentType]
@@ -168,10 +181,18 @@ def _batch(
     ]
     if len(hashes) != count:
         raise InvalidRequest(f"{where}: {len(hashes)} mm_hashes for {count} items")
-    return modality, items, hashes, _placeholders(batch, where, ids, count)
+    ranges = _placeholders(batch, where, ids, count, facts.max_embeds.get(modality))
+    return modality, items, hashes, ranges
 
 
-def tensor_input(request: Any, ids: list[int], model_dtype: torch.dtype) -> Any:
+@dataclass(frozen=True)
+class _TensorFacts:
+    dtype: torch.dtype
+    #: The most embedding positions one item of a modality fills (vLLM's encoder budget).
+    max_embeds: Mapping[str, int]
+
+
+def tensor_input(request: Any, ids: list[int], facts: _TensorFacts) -> Any:
     """The engine input of a request with ``mm_inputs`` / ``extra_mm_inputs``."""
     batches = [("mm_inputs", request.mm_inputs)] if request.HasField("mm_inputs") else []
     batches += [(f"extra_mm_inputs[{i}]", b) for i, b in enumerate(request.extra_mm_inputs)]
@@ -179,9 +200,7 @@ def tensor_input(request: Any, ids: list[int], model_dtype: torch.dtype) -> Any:
     hashes: dict[str, list[str]] = {}
     placeholders: dict[str, list[PlaceholderRange]] = {}
     for where, batch in batches:
-        modality, items, item_hashes, ranges = _batch(
-            batch, where, ids, model_dtype, request.request_id
-        )
+        modality, items, item_hashes, ranges = _batch(batch, where, ids, facts, request.request_id)
         kwargs.setdefault(modality, []).extend(items)
         hashes.setdefault(modality, []).extend(item_hashes)
         placeholders.setdefault(modality, []).extend(ranges)
@@ -292,6 +311,7 @@ class MmFacts:
     limits: Mapping[str, int] = field(default_factory=dict[str, int])
     anchors: Mapping[str, int] = field(default_factory=dict[str, int])
     encoder_budget: int = 0
+    max_embeds_per_item: Mapping[str, int] = field(default_factory=dict[str, int])
 
 
 def mm_facts(engine: Any) -> MmFacts:
@@ -304,18 +324,17 @@ def mm_facts(engine: Any) -> MmFacts:
     try:  # the module moved between vLLM releases; the label is informative only
         from vllm.multimodal.encoder_budget import MultiModalBudget  # noqa: PLC0415
 
-        budget = int(
-            MultiModalBudget(
-                engine.vllm_config, MULTIMODAL_REGISTRY, enable_cache=False
-            ).get_encoder_budget()
-        )
+        counted = MultiModalBudget(engine.vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
+        budget = int(counted.get_encoder_budget())
+        max_embeds = {m: int(n) for m, n in getattr(counted, "mm_max_toks_per_item", {}).items()}
     except ImportError:
-        budget = 0
+        budget, max_embeds = 0, {}
     return MmFacts(
         supported=True,
         limits=limits,
         anchors=_anchor_tokens(getattr(mc, "hf_config", None)),
         encoder_budget=budget,
+        max_embeds_per_item=max_embeds,
     )
 
 
@@ -349,7 +368,7 @@ class MultimodalPath:
             )
             self.mode = "off"
         self.limits = item_limits(self.facts.limits, settings.max_items)
-        self.dtype = model_dtype(engine)
+        self.tensor_facts = _TensorFacts(model_dtype(engine), self.facts.max_embeds_per_item)
         self.gate = MmGate(settings.max_inflight)
         self.processor = InprocessProcessor(engine, settings) if self.mode == "inprocess" else None
         local = self.processor.local_media_allowed if self.processor else False
@@ -381,7 +400,7 @@ class MultimodalPath:
                     ids, items, request.tokenized.original_text
                 )
         with self.gate.slot():
-            return await asyncio.to_thread(tensor_input, request, ids, self.dtype)
+            return await asyncio.to_thread(tensor_input, request, ids, self.tensor_facts)
 
     @staticmethod
     def release(request: Any) -> None:
