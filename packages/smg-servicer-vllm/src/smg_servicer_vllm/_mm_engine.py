@@ -29,7 +29,13 @@ from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems,
 from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY
 
 from smg_servicer_core.errors import InvalidRequest
-from smg_servicer_core.tensors import RawTensor, read_tensor, release_shm, shm_namespace_id
+from smg_servicer_core.tensors import (
+    MAX_TENSOR_BYTES,
+    RawTensor,
+    read_tensor,
+    release_shm,
+    shm_namespace_id,
+)
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
     MediaItem,
@@ -57,8 +63,6 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-#: The largest tensor one request may carry (a 4K RGB frame in float32 is ~100 MB).
-MAX_TENSOR_BYTES = 1 << 30
 
 
 def to_torch(raw: RawTensor) -> torch.Tensor:
