@@ -11,6 +11,8 @@ ENGINE_PACKAGES: dict[str, tuple[str, str, str]] = {
     "sglang": ("smg-servicer-sglang", "smg_servicer_sglang", "sglang"),
     "mlx": ("smg-servicer-mlx", "smg_servicer_mlx", "mlx"),
     "tokenspeed": ("smg-servicer-tokenspeed", "smg_servicer_tokenspeed", "tokenspeed"),
+    # The multimodal sidecar of vLLM workers (smg_grpc_servicer.vllm.mm_sidecar).
+    "mm_sidecar": ("smg-servicer-mm-sidecar", "smg_servicer_mm_sidecar", "vllm"),
 }
 
 

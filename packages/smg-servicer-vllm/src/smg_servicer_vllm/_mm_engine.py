@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import vllm.envs as vllm_envs
@@ -48,6 +48,9 @@ from smg_servicer_vllm.mm import (
     media_items,
 )
 from smg_servicer_vllm.mm_settings import MmSettings
+
+if TYPE_CHECKING:
+    from smg_servicer_vllm.mm_redis import RedisProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +229,8 @@ class InprocessProcessor:
     """Media refs fetched and processed inside the worker (``--mm-processor inprocess``)."""
 
     def __init__(self, engine: Any, settings: MmSettings) -> None:
+        """``engine``: anything with vLLM's ``model_config`` and ``renderer`` (an ``AsyncLLM``,
+        or the sidecar's config and renderer)."""
         mc = engine.model_config
         mm_config = getattr(mc, "multimodal_config", None)
         configured: Mapping[str, Mapping[str, Any]] = (
@@ -240,7 +245,7 @@ class InprocessProcessor:
                 if current > 0
                 else settings.max_video_frames
             )
-        self.engine = engine
+        self.renderer = engine.renderer
         self.local_media_allowed = bool(getattr(mc, "allowed_local_media_path", ""))
         domains = getattr(mc, "allowed_media_domains", None)
         if not domains:
@@ -272,9 +277,9 @@ class InprocessProcessor:
             logger.info("%s: %s fetch failed (%s)", where, item.modality, type(exc).__name__)
             raise mapped from exc
 
-    async def engine_input(self, ids: list[int], items: Sequence[MediaItem], text: str) -> Any:
-        """Fetch every item concurrently (the first failure cancels the rest), then let vLLM's
-        renderer expand the anchors and run the processor."""
+    async def fetch(self, items: Sequence[MediaItem]) -> dict[str, list[Any]]:
+        """Fetch every item concurrently (the first failure cancels the rest): the media per
+        modality, in request order."""
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
@@ -285,6 +290,10 @@ class InprocessProcessor:
         data: dict[str, list[Any]] = {}
         for item, task in zip(items, tasks, strict=True):
             data.setdefault(item.modality, []).append(task.result())
+        return data
+
+    async def process(self, ids: list[int], data: Mapping[str, list[Any]], text: str) -> Any:
+        """vLLM's renderer expands the anchors and runs the processor: the engine input."""
         prompt: dict[str, Any] = {
             "prompt_token_ids": ids,
             "multi_modal_data": {m: v[0] if len(v) == 1 else v for m, v in data.items()},
@@ -292,7 +301,7 @@ class InprocessProcessor:
         if text:
             prompt["prompt"] = text
         try:
-            return await self.engine.renderer.process_for_engine_async(
+            return await self.renderer.process_for_engine_async(
                 prompt, time.time(), skip_mm_cache=True
             )
         except (RuntimeError, ValueError) as exc:
@@ -300,6 +309,11 @@ class InprocessProcessor:
             raise InvalidRequest(
                 "the media do not match the prompt's anchors or the model's limits"
             ) from exc
+
+    async def engine_input(
+        self, ids: list[int], items: Sequence[MediaItem], text: str, request_id: str = ""
+    ) -> Any:
+        return await self.process(ids, await self.fetch(items), text)
 
 
 def model_dtype(engine: Any) -> torch.dtype:
@@ -374,9 +388,35 @@ class MultimodalPath:
         self.limits = item_limits(self.facts.limits, settings.max_items)
         self.tensor_facts = _TensorFacts(model_dtype(engine), self.facts.max_embeds_per_item)
         self.gate = MmGate(settings.max_inflight)
-        self.processor = InprocessProcessor(engine, settings) if self.mode == "inprocess" else None
+        self.processor: InprocessProcessor | RedisProcessor | None = None
+        if self.mode == "inprocess":
+            self.processor = InprocessProcessor(engine, settings)
+        elif self.mode == "redis":
+            from smg_servicer_vllm.mm_redis import RedisProcessor  # noqa: PLC0415
+
+            self.processor = RedisProcessor(engine, settings, self.tensor_facts.dtype)
         local = self.processor.local_media_allowed if self.processor else False
-        self.schemes = accepted_schemes(local)
+        self._local_schemes = accepted_schemes(local)
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        """The URL schemes media refs may use: the live sidecar's, or the worker's own."""
+        live: tuple[str, ...] | None = getattr(self.processor, "schemes", None)
+        return live if live is not None else self._local_schemes
+
+    async def refresh(self) -> None:
+        """Re-read what may change while serving (whether the sidecar is alive)."""
+        refresh = getattr(self.processor, "refresh", None)
+        if refresh is not None:
+            await refresh()
+
+    @property
+    def advertised(self) -> bool:
+        """Whether media refs can be processed now (``mm_processor`` is advertised)."""
+        if self.processor is None:
+            return False
+        client = getattr(self.processor, "client", None)
+        return client.advertised if client is not None else True
 
     def check(self, request: Any) -> list[MediaItem]:
         """The cheap checks of a multimodal request (no fetch, no tensor read): its media refs."""
@@ -401,7 +441,7 @@ class MultimodalPath:
             assert self.processor is not None  # processing is on (media_items checked)
             with self.gate.slot():
                 return await self.processor.engine_input(
-                    ids, items, request.tokenized.original_text
+                    ids, items, request.tokenized.original_text, request.request_id
                 )
         with self.gate.slot():
             return await asyncio.to_thread(tensor_input, request, ids, self.tensor_facts)
@@ -425,7 +465,7 @@ class MultimodalPath:
             "mm_item_limits": format_limits(self.limits),
             "mm_encoder_budget": self.facts.encoder_budget,
         }
-        if self.processor is not None:
+        if self.advertised:
             fields |= {
                 "mm_processor": self.mode,
                 "mm_media_ref_schemes": ",".join(self.schemes),

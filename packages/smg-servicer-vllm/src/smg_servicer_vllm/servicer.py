@@ -122,12 +122,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         try:
             if mm_settings is None:
                 mm_settings = launch.mm if launch else resolve_mm_settings(None, environment())
-            if mm_settings.processor == "redis":
-                raise ConfigError(
-                    "--mm-processor redis needs the Redis sidecar backend, which this version "
-                    "of smg-servicer-vllm does not ship; use inprocess or off"
-                )
             metrics_config = launch.metrics if launch else resolve(_METRICS, None, environment())
+            self.multimodal = MultimodalPath(async_llm, mm_settings)
         except ConfigError as exc:
             logger.error("%s", exc)
             raise SystemExit(2) from None
@@ -136,7 +132,6 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self.metrics_server: MetricsServer | None = None
         if metrics is None and (started := start_metrics(metrics_config)) is not None:
             metrics, self.metrics_server = started
-        self.multimodal = MultimodalPath(async_llm, mm_settings)
         super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()
         freeze_startup_heap()
@@ -323,6 +318,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self, request: pb.GetServerInfoRequest, context: Context
     ) -> pb.GetServerInfoResponse:
         response = info.server_info(self.engine, len(self.registry), self.uptime_s())
+        await self.multimodal.refresh()
         for name, value in self.multimodal.server_info().items():
             setattr(response, name, value)
         return response

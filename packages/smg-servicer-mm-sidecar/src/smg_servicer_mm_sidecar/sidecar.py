@@ -1,0 +1,223 @@
+"""The sidecar process: ``python -m smg_servicer_mm_sidecar`` (and the facade's
+``python -m smg_grpc_servicer.vllm.mm_sidecar``).
+
+::
+
+    python -m smg_grpc_servicer.vllm.mm_sidecar --model M --redis-url URL [--namespace NS]
+        [--concurrency 2] [--allowed-media-domains ...] <vLLM engine args>
+
+Builds vLLM's configuration and renderer for the model (no engine, no KV cache, no GPU), then
+serves the job list of its namespace (:mod:`smg_servicer_mm_sidecar.service`): each job's media
+are fetched with vLLM's media connector (``--allowed-media-domains``,
+``--allowed-local-media-path``, ``--media-io-kwargs``, ``VLLM_*_FETCH_TIMEOUT``) and processed by
+vLLM's renderer under the sidecar's ``--limit-mm-per-prompt``; the items travel back as vLLM
+msgpack blobs.
+
+``--redis-url`` and ``--namespace`` resolve like the worker's ``--mm-redis-url`` and
+``--mm-sidecar-namespace``: flag, then ``SMG_VLLM_MM_REDIS_URL`` /
+``SMG_VLLM_MM_SIDECAR_NAMESPACE``, then the default (the namespace derived from the fingerprint).
+``SMG_VLLM_MM_MAX_RESULT_BYTES`` (512 MiB) caps an encoded result and
+``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` caps video sampling. SIGTERM or SIGINT: ``hello`` is removed,
+every loop finishes the job it holds, exit 0. A bad setting: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from smg_servicer_core.config import Setting, environment, resolve
+from smg_servicer_core.errors import ConfigError, InvalidRequest, ServicerError, Unavailable
+from smg_servicer_mm_sidecar.client import connect
+from smg_servicer_mm_sidecar.protocol import (
+    DEFAULT_MAX_RESULT_BYTES,
+    SCHEMA,
+    Job,
+    JobResult,
+    Timing,
+    failure,
+)
+from smg_servicer_mm_sidecar.service import Sidecar
+from smg_servicer_vllm._mm_engine import InprocessProcessor
+from smg_servicer_vllm.mm import MediaItem, accepted_schemes
+from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
+from smg_servicer_vllm.mm_settings import SETTINGS as WORKER_SETTINGS
+from smg_servicer_vllm.mm_settings import MmSettings, redact_url
+
+logger = logging.getLogger("smg_servicer_mm_sidecar")
+PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
+_WORKER = {s.name: s for s in WORKER_SETTINGS}
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else "must be a positive integer"
+
+
+SETTINGS: tuple[Setting[Any], ...] = (
+    dataclasses.replace(_WORKER["mm_redis_url"], name="redis_url", flag="--redis-url"),
+    dataclasses.replace(
+        _WORKER["mm_sidecar_namespace"],
+        name="namespace",
+        flag="--namespace",
+        help="the key namespace (default: derived from the model fingerprint, as the worker does)",
+    ),
+    Setting(
+        "concurrency", int, 2, "jobs processed at once", flag="--concurrency", validate=_positive
+    ),
+    Setting(
+        "max_result_bytes",
+        int,
+        DEFAULT_MAX_RESULT_BYTES,
+        "the largest encoded result (lowered to Redis's proto-max-bulk-len)",
+        env="SMG_VLLM_MM_MAX_RESULT_BYTES",
+        validate=_positive,
+    ),
+    _WORKER["mm_max_video_frames"],
+)
+
+
+def fetch_code(exc: ServicerError) -> str:
+    """The protocol code of a fetch failure (the in-process path's error, classified)."""
+    if isinstance(exc, Unavailable):
+        return "fetch_unavailable"
+    if "--allowed-media-domains" in exc.message:
+        return "domain_not_allowed"
+    if "could not be read as" in exc.message:
+        return "decode_failed"
+    return "fetch_failed"
+
+
+def process_code(cause: BaseException | None) -> str:
+    """The protocol code of a processing failure, by vLLM's exception."""
+    if isinstance(cause, RuntimeError):
+        return "placeholder_mismatch"
+    if isinstance(cause, ValueError):
+        return "limit_exceeded" if "at most" in str(cause) else "decode_failed"
+    return "processor_error"
+
+
+class VllmJobProcessor:
+    """A job's media fetched and processed with vLLM's own connector and renderer."""
+
+    def __init__(self, vllm_config: Any, renderer: Any, max_video_frames: int = 0) -> None:
+        settings = MmSettings(processor="inprocess", max_video_frames=max_video_frames)
+        engine = SimpleNamespace(model_config=vllm_config.model_config, renderer=renderer)
+        self.inner = InprocessProcessor(engine, settings)
+        self.fingerprint = fingerprint_of(vllm_config.model_config)
+        self.schemes = accepted_schemes(self.inner.local_media_allowed)
+
+    async def process(self, job: Job) -> JobResult:
+        started = time.time()
+        queue_ms = max(0.0, started * 1000 - job.enqueued_ms)
+        for index, item in enumerate(job.items):
+            scheme = item.url.partition(":")[0].lower()
+            if scheme not in self.schemes:
+                return failure(
+                    job.job_id,
+                    "scheme_not_accepted",
+                    f"media_refs.items[{index}]: the sidecar accepts {', '.join(self.schemes)}",
+                )
+        items = [MediaItem(modality=i.modality, url=i.url) for i in job.items]
+        try:
+            data = await self.inner.fetch(items)
+        except ServicerError as exc:
+            return failure(job.job_id, fetch_code(exc), exc.message)
+        fetched = time.time()
+        try:
+            processed = await self.inner.process(list(job.prompt_token_ids), data, job.prompt or "")
+        except InvalidRequest as exc:
+            return failure(job.job_id, process_code(exc.__cause__), exc.message)
+        done = time.time()
+        timing = Timing(
+            queue_ms=queue_ms,
+            fetch_ms=(fetched - started) * 1000,
+            process_ms=(done - fetched) * 1000,
+        )
+        return JobResult(
+            v=SCHEMA,
+            job_id=job.job_id,
+            ok=True,
+            fingerprint=self.fingerprint,
+            timing=timing,
+            **result_fields(processed),
+        )
+
+
+def build_parser() -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    parser = FlexibleArgumentParser(
+        prog=PROG,
+        description="The GPU-free multimodal sidecar of SMG vLLM workers (--mm-processor redis).",
+    )
+    group: Any = parser.add_argument_group("sidecar")  # pyright: ignore[reportUnknownMemberType]
+    for setting in SETTINGS:
+        setting.add_to_parser(group)
+    return AsyncEngineArgs.add_cli_args(parser)
+
+
+async def serve(sidecar: Sidecar) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await sidecar.run(stop)
+    finally:
+        await sidecar.redis.aclose()
+    logger.info("mm sidecar stopped (%s)", sidecar.counters)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
+    try:
+        resolved = resolve(SETTINGS, namespace, environment())
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.renderers.registry import renderer_from_config  # noqa: PLC0415
+
+    logger.info("building vLLM's configuration and processor for %s", namespace.model)
+    engine_args = AsyncEngineArgs.from_cli_args(namespace)
+    engine_args.quantization = None  # the processor needs none; no weights are loaded
+    vllm_config = engine_args.create_engine_config()
+    if not getattr(vllm_config.model_config, "supports_multimodal_inputs", False):
+        print(f"{PROG}: {namespace.model} accepts no media; nothing to serve", file=sys.stderr)
+        raise SystemExit(2)
+    renderer: Any = renderer_from_config(vllm_config)  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+    processor = VllmJobProcessor(vllm_config, renderer, resolved["mm_max_video_frames"])
+    sidecar = Sidecar(
+        connect(resolved["redis_url"]),
+        processor.fingerprint,
+        processor,
+        namespace=resolved["namespace"],
+        concurrency=resolved["concurrency"],
+        max_result_bytes=resolved["max_result_bytes"],
+        settings_source=resolved.source("namespace"),
+    )
+    logger.info(
+        "mm sidecar serving %s: Redis %s, namespace %s (%s), concurrency %d, schemes %s, "
+        "max result %d bytes",
+        namespace.model,
+        redact_url(resolved["redis_url"]),
+        sidecar.keys.namespace,
+        resolved.source("namespace"),
+        resolved["concurrency"],
+        ",".join(processor.schemes),
+        sidecar.max_result_bytes,
+    )
+    asyncio.run(serve(sidecar))
