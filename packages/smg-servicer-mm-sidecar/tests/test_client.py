@@ -160,26 +160,3 @@ async def test_a_forged_result_is_rejected(redis) -> None:
     with pytest.raises(p.SidecarError) as info:
         await task
     assert info.value.code == p.SIDECAR_PROTOCOL
-
-
-async def test_a_cancelled_wait_takes_the_job_back(redis) -> None:
-    c = client(redis, timeout_ms=10000)
-    await redis.hset(c.keys.hello, mapping=hello())
-    pushed = asyncio.Event()
-    lpush = redis.lpush
-
-    async def lpush_then_tell(*args: Any) -> Any:
-        try:
-            return await lpush(*args)
-        finally:
-            pushed.set()
-
-    redis.lpush = lpush_then_tell
-    task = asyncio.create_task(c.submit("r", [1], None, ITEMS))
-    await pushed.wait()
-    assert await redis.llen(c.keys.jobs) == 1
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await c.aclose()
-    assert await redis.llen(c.keys.jobs) == 0

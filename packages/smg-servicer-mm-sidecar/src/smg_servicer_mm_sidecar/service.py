@@ -86,8 +86,11 @@ class Sidecar:
         concurrency: int = 2,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         settings_source: str = "default",
+        poll_s: float = JOB_POLL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``poll_s``: how long a loop's BRPOP waits before it looks for a stop (a stop lets the
+        wait end, so a job popped at that moment is still processed)."""
         self.redis = redis
         self.fingerprint = fingerprint
         self.processor = processor
@@ -97,6 +100,9 @@ class Sidecar:
         self.settings_source = settings_source
         self.started_at = clock()
         self.clock = clock
+        self.poll_s = poll_s
+        #: Set once the first hello is written (the sidecar is discoverable).
+        self.announced = asyncio.Event()
         self.counters = Counters()
         self._errors = transport_errors()
         self._outage = False
@@ -160,6 +166,7 @@ class Sidecar:
                     pipe.hset(self.keys.hello, mapping=hello_fields(self.hello()))
                     pipe.expire(self.keys.hello, HELLO_TTL_S)
                     await bounded(pipe.execute())
+                self.announced.set()
                 self._redis_ok()
                 await self._pause(stop, HELLO_INTERVAL_S)
             except self._errors as exc:
@@ -173,8 +180,8 @@ class Sidecar:
         while not stop.is_set():
             try:
                 reply = await asyncio.wait_for(
-                    self.redis.brpop([self.keys.jobs], timeout=JOB_POLL_S),
-                    JOB_POLL_S + JOB_POLL_MARGIN_S,
+                    self.redis.brpop([self.keys.jobs], timeout=self.poll_s),
+                    self.poll_s + JOB_POLL_MARGIN_S,
                 )
                 failures = 0
             except self._errors as exc:
