@@ -35,6 +35,36 @@ def tiny_vlm() -> Path:
     return cached_tiny_vlm(MODEL_CACHE)
 
 
+#: The tiny VLM engine's image limit (--limit-mm-per-prompt image=2); the sidecar tests match it.
+IMAGE_LIMIT = 2
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files the VLM engine may read (its --allowed-local-media-path)."""
+    from smg_servicer_core.testing.media import png_image
+
+    folder = tmp_path_factory.mktemp("media")
+    (folder / "a.png").write_bytes(png_image(40, 50, seed=1))
+    (folder / "b.png").write_bytes(png_image(64, 30, seed=2))
+    (folder / "broken.png").write_bytes(b"not an image at all")
+    return folder
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vlm_llm(tiny_vlm: Path, media_dir: Path) -> AsyncIterator[Any]:
+    """One real vLLM CPU engine of the tiny VLM, shared by the multimodal modules."""
+    llm = build_llm(
+        tiny_vlm,
+        kv_cache_memory_bytes=64 << 20,
+        limit_mm_per_prompt={"image": IMAGE_LIMIT},
+        allowed_local_media_path=str(media_dir),
+        allowed_media_domains=["127.0.0.1"],
+    )
+    yield llm
+    llm.shutdown()
+
+
 def build_llm(model: Path, **overrides: Any) -> Any:
     """A real vLLM CPU engine for the float32 tiny Llama; ``overrides`` are AsyncEngineArgs."""
     from vllm import AsyncEngineArgs
@@ -136,5 +166,6 @@ async def _serving(llm: Any, mm_settings: Any = None) -> AsyncIterator[tuple[Any
         async with running_server([binding], HealthFrame("unused"), ExternalEngine()) as server:
             yield servicer, vllm_engine_pb2_grpc.VllmEngineStub(server.channel)
     finally:
+        await servicer.multimodal.aclose()
         if servicer.metrics_server is not None:
             servicer.metrics_server.close()

@@ -6,7 +6,6 @@ INVALID_ARGUMENT (or UNAVAILABLE past ``--mm-max-inflight``) and leaves the work
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from collections.abc import AsyncIterator, Iterator
 from multiprocessing import shared_memory
@@ -21,22 +20,19 @@ from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.media import MediaServer, data_url, png_image
-from smg_servicer_core.testing.tiny_vlm import image_token_ids
 from smg_servicer_vllm.mm_settings import MmSettings
+from smg_servicer_vllm.testing.multimodal import (
+    MAX_TOKENS,
+    complete,
+    media_request,
+    pil,
+    reference,
+    vlm_prompts,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
-MAX_TOKENS = 8
-IMAGE_LIMIT = 2
-
-
-@pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("media")
-    (folder / "a.png").write_bytes(png_image(40, 50, seed=1))
-    (folder / "b.png").write_bytes(png_image(64, 30, seed=2))
-    (folder / "broken.png").write_bytes(b"not an image at all")
-    return folder
+IMAGE_LIMIT = 2  # the session VLM engine's --limit-mm-per-prompt (conftest.vlm_llm)
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +48,6 @@ def media_server() -> Iterator[MediaServer]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def vlm_llm(tiny_vlm: Path, make_llm: Any, media_dir: Path) -> AsyncIterator[Any]:
-    llm = make_llm(
-        tiny_vlm,
-        kv_cache_memory_bytes=64 << 20,
-        limit_mm_per_prompt={"image": IMAGE_LIMIT},
-        allowed_local_media_path=str(media_dir),
-        allowed_media_domains=["127.0.0.1"],
-    )
-    yield llm
-    llm.shutdown()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vlm(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
     async with serve_llm(vlm_llm, MmSettings(processor="inprocess", source="flag")) as stack:
         yield stack
@@ -72,60 +55,7 @@ async def vlm(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
 
 @pytest.fixture(scope="module")
 def ids(tiny_vlm: Path) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_vlm))
-
-    def chat(text: str) -> list[int]:
-        return list(
-            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        )
-
-    return {
-        "one": chat("<image>describe this"),
-        "two": chat("<image> and <image>: which?"),
-        "none": chat("no image here"),
-        **image_token_ids(tiny_vlm),
-    }
-
-
-def pil(content: bytes) -> Any:
-    from PIL import Image
-
-    return Image.open(io.BytesIO(content)).convert("RGB")
-
-
-async def reference(llm: Any, ids: list[int], images: list[bytes]) -> tuple[list[int], int]:
-    """vLLM in-process, the same PIL images, no servicer: (greedy ids, prompt length)."""
-    from vllm import SamplingParams
-
-    data = [pil(i) for i in images]
-    prompt = {
-        "prompt_token_ids": ids,
-        "multi_modal_data": {"image": data[0] if len(data) == 1 else data},
-    }
-    final: Any = None
-    async for output in llm.generate(
-        prompt,
-        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
-        f"ref-{time.monotonic_ns()}",
-    ):
-        final = output
-    return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
-
-
-def media_request(ids: list[int], *urls: str, **kwargs: Any) -> pb.GenerateRequest:
-    request = generate_request(
-        "vllm", ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, **kwargs
-    )
-    for url in urls:
-        request.media_refs.items.add(modality=common_pb2.IMAGE, url=url)
-    return request
-
-
-async def complete(stub: Any, request: pb.GenerateRequest) -> pb.GenerateComplete:
-    responses = [r async for r in stub.Generate(request)]
-    return responses[-1].complete
+    return vlm_prompts(tiny_vlm)
 
 
 async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcError:

@@ -166,7 +166,9 @@ class Sidecar:
                     pipe.hset(self.keys.hello, mapping=hello_fields(self.hello()))
                     pipe.expire(self.keys.hello, HELLO_TTL_S)
                     await bounded(pipe.execute())
-                self.announced.set()
+                if not self.announced.is_set():
+                    logger.info("%s written; serving %s", self.keys.hello, self.keys.jobs)
+                    self.announced.set()
                 self._redis_ok()
                 await self._pause(stop, HELLO_INTERVAL_S)
             except self._errors as exc:

@@ -446,6 +446,12 @@ class MultimodalPath:
         with self.gate.slot():
             return await asyncio.to_thread(tensor_input, request, ids, self.tensor_facts)
 
+    async def aclose(self) -> None:
+        """Close the sidecar client (``--mm-processor redis``)."""
+        close = getattr(self.processor, "aclose", None)
+        if close is not None:
+            await close()
+
     @staticmethod
     def release(request: Any) -> None:
         """Free the shared-memory tensors of a request refused as the client's fault."""

@@ -1,0 +1,106 @@
+"""Test helpers: the sidecar as a real process (``python -m smg_grpc_servicer.vllm.mm_sidecar``,
+the facade's command), started, waited for, killed and read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+SERVING = "written; serving"
+
+
+class SidecarProcess:
+    """One sidecar; ``start()`` returns once its first hello is in Redis."""
+
+    def __init__(
+        self,
+        model: Path | str,
+        redis_url: str,
+        *args: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 180.0,
+    ) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "smg_grpc_servicer.vllm.mm_sidecar",
+            "--model",
+            str(model),
+            "--redis-url",
+            redis_url,
+            *args,
+        ]
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SidecarProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        proc = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        ready = threading.Event()
+        assert proc.stdout is not None
+        stdout = proc.stdout
+
+        def copy() -> None:  # the log file gets everything; the event the first hello
+            with log:
+                for line in iter(stdout.readline, b""):
+                    log.write(line)
+                    log.flush()
+                    if SERVING.encode() in line:
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=copy, name="sidecar-log", daemon=True).start()
+        if not ready.wait(self.start_timeout_s) or proc.poll() is not None:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the sidecar did not start:\n{self.log()[-4000:]}")
+        self.proc = proc
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no hello removal, the job in hand lost."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and the exit code (killed past ``timeout_s``)."""
+        if self.proc is None:
+            return 0
+        proc, self.proc = self.proc, None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return -9
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def sidecar_args(limit: str = '{"image": 2}', *extra: str) -> Sequence[str]:
+    """The engine arguments that match the tests' tiny-VLM worker (float32, 1024 tokens)."""
+    return ("--dtype", "float32", "--max-model-len", "1024", "--limit-mm-per-prompt", limit, *extra)

@@ -1,0 +1,352 @@
+"""``--mm-processor redis`` on the real vLLM CPU engine (tiny float32 Idefics3) with a real
+``redis-server`` and the real sidecar process (``python -m smg_grpc_servicer.vllm.mm_sidecar``):
+greedy ids equal the in-process path's and vLLM's own; the faults an operator meets (Redis killed
+and restarted, the sidecar killed, a fingerprint that disagrees, a forged result, a deep queue, a
+result over the cap, a job past its deadline) each end the way the protocol says."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+import pytest
+import pytest_asyncio
+
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing.media import MediaServer, data_url, png_image
+from smg_servicer_core.testing.redis_server import RedisServer
+from smg_servicer_mm_sidecar import protocol as p
+from smg_servicer_mm_sidecar.client import connect
+from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
+from smg_servicer_vllm.mm_settings import MmSettings
+from smg_servicer_vllm.testing.multimodal import complete, media_request, reference, vlm_prompts
+
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+
+PASSWORD = "pa55-w0rd-xyz"
+TIMEOUT_MS = 4000
+IMAGE_A = png_image(40, 50, seed=1)
+IMAGE_B = png_image(64, 30, seed=2)
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_vlm: Path) -> dict[str, Any]:
+    return vlm_prompts(tiny_vlm)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer(password=PASSWORD) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def media_server() -> Iterator[MediaServer]:
+    with MediaServer() as server:
+        server.put("/a.png", IMAGE_A)
+        for name in ("slow-1", "slow-2"):  # each fault test holds the sidecar in its own fetch
+            server.put(f"/{name}.png", IMAGE_A, delay_s=2.5)
+        server.put("/expired.png", IMAGE_A)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def start_sidecar(
+    tiny_vlm: Path, redis_server: RedisServer, media_dir: Path, tmp_path_factory: Any
+) -> Iterator[Callable[..., SidecarProcess]]:
+    started: list[SidecarProcess] = []
+    logs = tmp_path_factory.mktemp("sidecar-logs")
+
+    def start(*extra: str, limit: str = '{"image": 2}', env: dict[str, str] | None = None) -> Any:
+        args = sidecar_args(limit, "--allowed-media-domains", "127.0.0.1", *extra)
+        args = (*args, "--allowed-local-media-path", str(media_dir))
+        log = logs / f"sidecar-{len(started)}.log"
+        sidecar = SidecarProcess(tiny_vlm, redis_server.url, *args, log_path=log, env=env)
+        started.append(sidecar.start())
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.kill()
+
+
+@pytest.fixture(scope="module")
+def sidecar(start_sidecar: Callable[..., SidecarProcess]) -> dict[str, SidecarProcess]:
+    """The default-namespace sidecar (``["now"]``; a fault test replaces it)."""
+    return {"now": start_sidecar("--concurrency", "2")}
+
+
+def redis_settings(url: str, **overrides: Any) -> MmSettings:
+    options: dict[str, Any] = {
+        "processor": "redis",
+        "redis_url": url,
+        "sidecar_timeout_ms": TIMEOUT_MS,
+        "sidecar_max_queue": 4,
+        "source": "flag",
+    } | overrides
+    return MmSettings(**options)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def worker(
+    vlm_llm: Any, serve_llm: Any, redis_server: RedisServer, sidecar: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    async with serve_llm(vlm_llm, redis_settings(redis_server.url)) as stack:
+        yield stack
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def inprocess(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
+    async with serve_llm(vlm_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+        yield stack
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def control(redis_server: RedisServer) -> AsyncIterator[Any]:
+    client = connect(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await complete(stub, request)
+    return info.value
+
+
+async def advertised(stub: Any) -> str:
+    return (await stub.GetServerInfo(pb.GetServerInfoRequest())).mm_processor
+
+
+async def until_advertised(stub: Any, want: str, within_s: float) -> float:
+    """Seconds until GetServerInfo's ``mm_processor`` is ``want`` (fails past ``within_s``)."""
+    started = time.monotonic()
+    # The state is the sidecar's hello in Redis, read through GetServerInfo.
+    while await advertised(stub) != want:
+        assert time.monotonic() - started < within_s, f"mm_processor never became {want!r}"
+        await asyncio.sleep(0.2)
+    return time.monotonic() - started
+
+
+def keys_of(servicer: Any) -> p.Keys:
+    return servicer.multimodal.processor.client.keys
+
+
+def fingerprint_of_worker(servicer: Any) -> p.Fingerprint:
+    return servicer.multimodal.processor.client.fingerprint
+
+
+# Parity -----------------------------------------------------------------------------------------
+
+
+async def test_media_refs_through_the_sidecar_give_the_inprocess_ids(  # noqa: PLR0917
+    worker, inprocess, vlm_llm, ids, media_dir, media_server
+) -> None:
+    _, stub = worker
+    _, local = inprocess
+    cases = [
+        (ids["one"], [data_url(IMAGE_A)], [IMAGE_A]),
+        (ids["one"], [media_server.url("/a.png")], [IMAGE_A]),
+        (ids["one"], [(media_dir / "a.png").as_uri()], [IMAGE_A]),
+        (ids["two"], [data_url(IMAGE_A), data_url(IMAGE_B)], [IMAGE_A, IMAGE_B]),
+    ]
+    for prompt, urls, images in cases:
+        want, prompt_len = await reference(vlm_llm, prompt, images)
+        via_sidecar = await complete(stub, media_request(prompt, *urls))
+        via_worker = await complete(local, media_request(prompt, *urls))
+        assert list(via_sidecar.output_ids) == list(via_worker.output_ids) == want, urls[0][:30]
+        assert via_sidecar.prompt_tokens == via_worker.prompt_tokens == prompt_len
+
+
+async def test_concurrent_requests_all_come_back(worker, vlm_llm, ids) -> None:
+    _, stub = worker
+    want, _ = await reference(vlm_llm, ids["one"], [IMAGE_A])
+    got = await asyncio.gather(
+        *(complete(stub, media_request(ids["one"], data_url(IMAGE_A))) for _ in range(6))
+    )
+    assert [list(g.output_ids) for g in got] == [want] * 6
+
+
+async def test_the_worker_advertises_redis_and_never_shows_the_password(
+    worker, sidecar, caplog
+) -> None:
+    _, stub = worker
+    info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert info.mm_processor == "redis"
+    assert sorted(info.mm_media_ref_schemes.split(",")) == ["data", "file", "http", "https"]
+    assert PASSWORD.encode() not in info.SerializeToString()
+    assert PASSWORD not in caplog.text
+    assert PASSWORD not in sidecar["now"].log()
+    assert "***@127.0.0.1" in sidecar["now"].log()
+
+
+async def test_a_client_fault_in_the_sidecar_is_invalid_argument(worker, ids) -> None:
+    _, stub = worker
+    for url, code in [
+        ("http://example.invalid/x.png", "domain_not_allowed"),
+        (data_url(b"not an image"), "decode_failed"),
+    ]:
+        error = await refused(stub, media_request(ids["one"], url))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith(f"{code}: "), error.details()
+
+
+# Faults -----------------------------------------------------------------------------------------
+
+
+async def test_a_job_past_its_deadline_is_not_processed(
+    worker, control, ids, media_server, sidecar
+) -> None:
+    servicer, stub = worker
+    now = int(time.time() * 1000)
+    late = p.Job(
+        v=1,
+        job_id="late-job",
+        request_id="late",
+        fingerprint=fingerprint_of_worker(servicer),
+        prompt_token_ids=ids["one"],
+        prompt=None,
+        items=[p.JobItem("image", media_server.url("/expired.png"))],
+        enqueued_ms=now - TIMEOUT_MS - 1,
+        deadline_ms=now - 1,
+    )
+    await control.lpush(keys_of(servicer).jobs, p.encode(late))
+    await complete(stub, media_request(ids["one"], data_url(IMAGE_A)))  # queued behind it
+    assert not media_server.hit("/expired.png").is_set()
+    assert not await control.exists(keys_of(servicer).result("late-job"))
+    assert await control.llen(keys_of(servicer).jobs) == 0
+
+
+async def test_a_forged_hello_and_a_forged_result(
+    vlm_llm, serve_llm, redis_server, control, ids
+) -> None:
+    settings = redis_settings(redis_server.url, sidecar_namespace="forge", sidecar_max_queue=2)
+    async with serve_llm(vlm_llm, settings) as (servicer, stub):
+        keys = keys_of(servicer)
+        ours = fingerprint_of_worker(servicer)
+        request = media_request(ids["one"], data_url(IMAGE_A))
+        # No sidecar in this namespace: not advertised, and a request fails at once.
+        assert await advertised(stub) == ""
+        error = await refused(stub, request)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.details().startswith("sidecar_unavailable")
+
+        def hello(fingerprint: p.Fingerprint) -> dict[str, str]:
+            return p.hello_fields(p.Hello(fingerprint, 1, ("data",), time.time(), "flag", 1 << 20))
+
+        await control.hset(keys.hello, mapping=hello(ours))
+        await until_advertised(stub, "redis", within_s=3)
+
+        # A result made for another configuration is rejected.
+        call = asyncio.create_task(refused(stub, request))
+        _, raw = await control.brpop([keys.jobs], timeout=5)
+        job = p.decode_job(raw)
+        assert job.fingerprint == ours and job.deadline_ms - job.enqueued_ms == TIMEOUT_MS
+        forged = p.JobResult(
+            v=1,
+            job_id=job.job_id,
+            ok=True,
+            fingerprint=msgspec.structs.replace(ours, model="another-model"),
+            prompt_token_ids=list(ids["one"]),
+        )
+        await control.lpush(keys.result(job.job_id), p.encode(forged))
+        error = await call
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.details().startswith("fingerprint_mismatch")
+
+        # A queue at the limit fails fast, and nothing is pushed.
+        await until_advertised(stub, "redis", within_s=3)
+        await control.lpush(keys.jobs, b"queued-1", b"queued-2")
+        started = time.monotonic()
+        error = await refused(stub, request)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.details().startswith("sidecar_overloaded")
+        assert time.monotonic() - started < 1
+        assert await control.llen(keys.jobs) == 2
+        await control.delete(keys.jobs)
+
+        # A hello whose fingerprint disagrees: the worker stops advertising.
+        await control.hset(keys.hello, mapping=hello(msgspec.structs.replace(ours, dtype="x")))
+        await until_advertised(stub, "", within_s=3)
+        await control.delete(keys.hello)
+
+
+async def test_a_result_over_the_cap_is_media_too_large(
+    vlm_llm, serve_llm, redis_server, start_sidecar, ids
+) -> None:
+    # The same limit spelled another way: the fingerprints still agree.
+    small = start_sidecar(
+        "--namespace",
+        "small",
+        limit='{"image": {"count": 2}}',
+        env={"SMG_VLLM_MM_MAX_RESULT_BYTES": "4096"},
+    )
+    settings = redis_settings(redis_server.url, sidecar_namespace="small")
+    async with serve_llm(vlm_llm, settings) as (_, stub):
+        await until_advertised(stub, "redis", within_s=3)
+        error = await refused(stub, media_request(ids["one"], data_url(IMAGE_A)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("media_too_large: ")
+        # A clean stop: exit 0, hello removed, the worker stops advertising at once.
+        assert small.stop() == 0
+        assert await until_advertised(stub, "", within_s=3) < 3
+
+
+async def test_redis_killed_mid_job_then_restarted(
+    worker, redis_server, media_server, vlm_llm, ids
+) -> None:
+    _, stub = worker
+    call = asyncio.create_task(
+        refused(stub, media_request(ids["one"], media_server.url("/slow-1.png")))
+    )
+    assert await asyncio.to_thread(media_server.hit("/slow-1.png").wait, 15)
+    redis_server.kill()
+    started = time.monotonic()
+    error = await call
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details().startswith("sidecar_unavailable")
+    assert time.monotonic() - started < 1.5
+    redis_server.start()  # empty: the sidecar announces itself again, nobody restarts
+    await until_advertised(stub, "redis", within_s=15)
+    want, _ = await reference(vlm_llm, ids["one"], [IMAGE_A])
+    got = await complete(stub, media_request(ids["one"], data_url(IMAGE_A)))
+    assert list(got.output_ids) == want
+
+
+async def test_the_sidecar_killed_mid_job(  # noqa: PLR0917
+    worker, sidecar, start_sidecar, media_server, vlm_llm, ids
+) -> None:
+    _, stub = worker
+    sent = time.monotonic()
+    call = asyncio.create_task(
+        refused(stub, media_request(ids["one"], media_server.url("/slow-2.png")))
+    )
+    assert await asyncio.to_thread(media_server.hit("/slow-2.png").wait, 15)
+    sidecar["now"].kill()
+    error = await call
+    # The job died with the sidecar: the request ends at its deadline, with a code the router
+    # does not retry.
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert error.details().startswith("sidecar_timeout")
+    assert time.monotonic() - sent < TIMEOUT_MS / 1000 + 1.5
+    # Its hello expires within the TTL; then the worker stops advertising.
+    assert await until_advertised(stub, "", within_s=p.HELLO_TTL_S + 2) <= p.HELLO_TTL_S + 2
+    sidecar["now"] = start_sidecar()
+    await until_advertised(stub, "redis", within_s=3)
+    want, _ = await reference(vlm_llm, ids["one"], [IMAGE_A])
+    got = await complete(stub, media_request(ids["one"], data_url(IMAGE_A)))
+    assert list(got.output_ids) == want
+
+
+async def test_no_result_key_is_left_without_a_ttl(worker, control, sidecar) -> None:
+    keys = [k async for k in control.scan_iter(match=f"{p.PREFIX}:*:res:*")]
+    for key in keys:  # results of given-up jobs, pushed late: they expire with the result TTL
+        assert 0 < await control.ttl(key) <= p.RESULT_TTL_S
+    servicer, _ = worker
+    assert sidecar["now"].stop() == 0
+    assert not await control.exists(keys_of(servicer).hello)
