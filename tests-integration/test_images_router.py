@@ -1,7 +1,11 @@
 """Images through the real router: a vLLM worker started by vLLM's own gRPC launcher with the
 plugin's ``--mm-processor inprocess`` (tiny float32 Idefics3, which no router spec claims), in
 front of it ``smg launch --mm-processing worker`` and ``auto``. The router renders the chat
-template, tokenizes, and forwards ``media_refs``; the worker fetches and expands the image."""
+template, tokenizes, and forwards ``media_refs``; the worker fetches and expands the image.
+
+A second launcher worker runs ``--mm-processor redis`` next to a real ``redis-server`` and the
+real sidecar (``python -m smg_grpc_servicer.vllm.mm_sidecar``): the same chats through the router
+give the same text and usage as the in-process worker."""
 
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ import pytest
 
 from smg_it.harness import Router, Worker, free_port, vllm_worker
 from smg_servicer_core.testing.media import data_url, png_image
+from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
+from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +52,28 @@ def vlm_worker(tiny_vlm: Path, media_dir: Path) -> Iterator[Worker]:
     )
     with vllm_worker(tiny_vlm, free_port(), *extra) as worker:
         yield worker
+
+
+@pytest.fixture(scope="module")
+def sidecar_router(
+    tiny_vlm: Path, media_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Router, Worker, SidecarProcess]]:
+    """Redis, the sidecar, a ``--mm-processor redis`` worker and a strict router, in that order
+    (the router reads the worker's labels when it registers it)."""
+    with RedisServer(password="router-secret") as redis:
+        args = sidecar_args('{"image": 2}', "--allowed-local-media-path", str(media_dir))
+        log = tmp_path_factory.mktemp("sidecar") / "sidecar.log"
+        sidecar = SidecarProcess(tiny_vlm, redis.url, *args, log_path=log).start()
+        try:
+            extra = ("--mm-processor", "redis", "--mm-redis-url", redis.url)
+            extra += ("--limit-mm-per-prompt", '{"image": 2}')
+            with (
+                vllm_worker(tiny_vlm, free_port(), *extra) as worker,
+                Router(worker.url, "--mm-processing", "worker") as router,
+            ):
+                yield router, worker, sidecar
+        finally:
+            sidecar.kill()
 
 
 @pytest.fixture(scope="module", params=["worker", "auto"])
@@ -171,3 +199,54 @@ def test_the_worker_logged_its_mode_and_source(vlm_worker: Worker) -> None:
     log = vlm_worker.log.read_text(errors="replace")
     assert "VllmEngineServicer initialized (mm_processor=inprocess, source=flag)" in log
     assert "without --allowed-media-domains" in log
+
+
+@pytest.mark.parametrize("source", ["data", "file"])
+def test_a_chat_through_the_sidecar_matches_the_inprocess_worker(
+    sidecar_router: tuple[Router, Worker, SidecarProcess],
+    vlm_router: Router,
+    media_dir: Path,
+    source: str,
+) -> None:
+    router, _, _ = sidecar_router
+    url = (
+        data_url(png_image(40, 50, seed=1)) if source == "data" else (media_dir / "a.png").as_uri()
+    )
+    via_sidecar = _post(router, _chat(url))
+    via_worker = _post(vlm_router, _chat(url))
+    assert via_sidecar.status_code == via_worker.status_code == 200, via_sidecar.text
+    a, b = via_sidecar.json(), via_worker.json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["usage"] == b["usage"]
+
+
+def test_the_sidecar_worker_streams_and_advertises_redis(
+    sidecar_router: tuple[Router, Worker, SidecarProcess], media_dir: Path
+) -> None:
+    router, worker, sidecar = sidecar_router
+    body = _chat((media_dir / "a.png").as_uri(), stream=True)
+    body["model"] = _model_id(router)
+    chunks = 0
+    with httpx.stream(
+        "POST", router.base + "/v1/chat/completions", json=body, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        chunks = sum(1 for line in response.iter_lines() if line.startswith("data: {"))
+    assert chunks >= 2
+    workers = httpx.get(router.base + "/workers", timeout=10).json()
+    entries = workers.get("workers", workers) if isinstance(workers, dict) else workers
+    (entry,) = [w for w in entries if str(worker.port) in w.get("url", "")]
+    assert _labels(entry).get("mm_processor") == "redis", entry
+    for log in (worker.log.read_text(errors="replace"), sidecar.log()):
+        assert "router-secret" not in log
+    assert "VllmEngineServicer initialized (mm_processor=redis, source=flag)" in (
+        worker.log.read_text(errors="replace")
+    )
+
+
+def test_a_refused_image_through_the_sidecar_is_a_400(
+    sidecar_router: tuple[Router, Worker, SidecarProcess],
+) -> None:
+    router, _, _ = sidecar_router
+    response = _post(router, _chat(data_url(b"not an image")))
+    assert response.status_code == 400, response.text
