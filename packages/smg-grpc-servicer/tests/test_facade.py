@@ -133,3 +133,41 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == ""
+
+
+@pytest.mark.unit
+def test_the_vllm_redis_extra_brings_the_worker_client_and_the_sidecar() -> None:
+    from importlib.metadata import metadata
+
+    meta = metadata("smg-grpc-servicer")
+    assert "vllm-redis" in (meta.get_all("Provides-Extra") or [])
+    wanted = [r for r in meta.get_all("Requires-Dist") or [] if "vllm-redis" in r.split(";")[-1]]
+    names = sorted(r.split(";")[0].split("<")[0].split(">")[0].strip() for r in wanted)
+    assert names == ["smg-servicer-mm-sidecar[redis]", "smg-servicer-vllm[redis]"]
+
+
+@pytest.mark.unit
+def test_the_sidecar_path_names_its_package() -> None:
+    from smg_grpc_servicer._delegate import install_hint
+
+    assert install_hint("mm_sidecar") == "pip install 'smg-servicer-mm-sidecar[vllm]'"
+    facade = importlib.import_module("smg_grpc_servicer.vllm.mm_sidecar")
+    assert callable(facade.main)
+    assert "vllm" not in sys.modules or _installed("vllm")  # importing it loaded no engine
+
+
+@pytest.mark.engine
+def test_python_m_mm_sidecar_refuses_a_bad_setting_in_one_line() -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "smg_grpc_servicer.vllm.mm_sidecar", "--model", "m"),
+            *("--concurrency", "0", "--redis-url", "redis://user:hunter2@127.0.0.1:1/0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--concurrency" in result.stderr and "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout

@@ -26,7 +26,7 @@ ITEMS = [p.JobItem("image", "data:image/png;base64,AAAA")]
 class StandIn:
     """Answers each job with ``size`` bytes of tensors; records what it was given."""
 
-    schemes = ("data", "http", "https")
+    schemes: tuple[str, ...] = ("data", "http", "https")
 
     def __init__(self) -> None:
         self.jobs: list[p.Job] = []

@@ -119,6 +119,10 @@ async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcErro
     return info.value
 
 
+def details(error: grpc.aio.AioRpcError) -> str:
+    return error.details() or ""
+
+
 async def advertised(stub: Any) -> str:
     return (await stub.GetServerInfo(pb.GetServerInfoRequest())).mm_processor
 
@@ -193,7 +197,7 @@ async def test_a_client_fault_in_the_sidecar_is_invalid_argument(worker, ids) ->
     ]:
         error = await refused(stub, media_request(ids["one"], url))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert error.details().startswith(f"{code}: "), error.details()
+        assert details(error).startswith(f"{code}: "), error.details()
 
 
 # Faults -----------------------------------------------------------------------------------------
@@ -234,7 +238,7 @@ async def test_a_forged_hello_and_a_forged_result(
         assert await advertised(stub) == ""
         error = await refused(stub, request)
         assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert error.details().startswith("sidecar_unavailable")
+        assert details(error).startswith("sidecar_unavailable")
 
         def hello(fingerprint: p.Fingerprint) -> dict[str, str]:
             return p.hello_fields(p.Hello(fingerprint, 1, ("data",), time.time(), "flag", 1 << 20))
@@ -257,7 +261,7 @@ async def test_a_forged_hello_and_a_forged_result(
         await control.lpush(keys.result(job.job_id), p.encode(forged))
         error = await call
         assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert error.details().startswith("fingerprint_mismatch")
+        assert details(error).startswith("fingerprint_mismatch")
 
         # A queue at the limit fails fast, and nothing is pushed.
         await until_advertised(stub, "redis", within_s=3)
@@ -265,7 +269,7 @@ async def test_a_forged_hello_and_a_forged_result(
         started = time.monotonic()
         error = await refused(stub, request)
         assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert error.details().startswith("sidecar_overloaded")
+        assert details(error).startswith("sidecar_overloaded")
         assert time.monotonic() - started < 1
         assert await control.llen(keys.jobs) == 2
         await control.delete(keys.jobs)
@@ -291,7 +295,7 @@ async def test_a_result_over_the_cap_is_media_too_large(
         await until_advertised(stub, "redis", within_s=3)
         error = await refused(stub, media_request(ids["one"], data_url(IMAGE_A)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert error.details().startswith("media_too_large: ")
+        assert details(error).startswith("media_too_large: ")
         # A clean stop: exit 0, hello removed, the worker stops advertising at once.
         assert small.stop() == 0
         assert await until_advertised(stub, "", within_s=3) < 3
@@ -309,7 +313,7 @@ async def test_redis_killed_mid_job_then_restarted(
     started = time.monotonic()
     error = await call
     assert error.code() == grpc.StatusCode.UNAVAILABLE
-    assert error.details().startswith("sidecar_unavailable")
+    assert details(error).startswith("sidecar_unavailable")
     assert time.monotonic() - started < 1.5
     redis_server.start()  # empty: the sidecar announces itself again, nobody restarts
     await until_advertised(stub, "redis", within_s=15)
@@ -332,7 +336,7 @@ async def test_the_sidecar_killed_mid_job(  # noqa: PLR0917
     # The job died with the sidecar: the request ends at its deadline, with a code the router
     # does not retry.
     assert error.code() == grpc.StatusCode.INTERNAL
-    assert error.details().startswith("sidecar_timeout")
+    assert details(error).startswith("sidecar_timeout")
     assert time.monotonic() - sent < TIMEOUT_MS / 1000 + 1.5
     # Its hello expires within the TTL; then the worker stops advertising.
     assert await until_advertised(stub, "", within_s=p.HELLO_TTL_S + 2) <= p.HELLO_TTL_S + 2
@@ -350,3 +354,30 @@ async def test_no_result_key_is_left_without_a_ttl(worker, control, sidecar) -> 
     servicer, _ = worker
     assert sidecar["now"].stop() == 0
     assert not await control.exists(keys_of(servicer).hello)
+
+
+def test_without_the_redis_client_the_worker_exits_2_naming_the_extra(tiny_vlm: Path) -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'redis':\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import torch\n"
+        "from types import SimpleNamespace\n"
+        "from smg_servicer_core.errors import ConfigError\n"
+        "from smg_servicer_vllm.mm_redis import RedisProcessor\n"
+        "from smg_servicer_vllm.mm_settings import MmSettings\n"
+        "try:\n"
+        "    RedisProcessor(SimpleNamespace(), MmSettings(processor='redis'), torch.float32)\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True
+    )
+    assert "pip install 'smg-servicer-vllm[redis]'" in out.stdout

@@ -189,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
 
     from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.renderers.registry import renderer_from_config  # noqa: PLC0415
+    from vllm.renderers.registry import (  # noqa: PLC0415
+        renderer_from_config,  # pyright: ignore[reportUnknownVariableType]
+    )
 
     logger.info("building vLLM's configuration and processor for %s", namespace.model)
     engine_args = AsyncEngineArgs.from_cli_args(namespace)

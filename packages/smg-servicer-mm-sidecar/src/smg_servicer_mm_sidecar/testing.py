@@ -3,13 +3,14 @@ the facade's command), started, waited for, killed and read."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from smg_servicer_core.config import environment
 
 SERVING = "written; serving"
 
@@ -37,7 +38,7 @@ class SidecarProcess:
             *args,
         ]
         self.log_path = log_path
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**environment(), **(env or {})}
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
@@ -20,7 +20,7 @@ def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
     """Chat prompts with zero, one and two ``<image>`` anchors, plus the image token ids."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(tiny_vlm))  # pyright: ignore[reportUnknownMemberType]
+    tokenizer = cast(Any, AutoTokenizer).from_pretrained(str(tiny_vlm))
 
     def chat(text: str) -> list[int]:
         return list(
