@@ -132,7 +132,11 @@ class SidecarClient:
         except self._errors as exc:
             return None, f"Redis cannot be reached ({type(exc).__name__})"
         if not raw:
-            return None, f"no sidecar keeps {self.keys.hello} alive"
+            return None, (
+                f"no sidecar keeps {self.keys.hello} alive (a sidecar started for another "
+                "model, vLLM version, dtype, video backend, media/processor kwargs or "
+                "--limit-mm-per-prompt uses another namespace)"
+            )
         hello = parse_hello(raw)
         if hello is None:
             return None, "the sidecar's hello is unreadable"

@@ -106,15 +106,18 @@ class Sidecar:
         self.counters = Counters()
         self._errors = transport_errors()
         self._outage = False
+        self._fitted = False
 
     # Start and stop ---------------------------------------------------------------------------
 
     async def fit_to_redis(self) -> None:
-        """Lower ``max_result_bytes`` to Redis's ``proto-max-bulk-len`` when that is smaller."""
+        """Lower ``max_result_bytes`` to Redis's ``proto-max-bulk-len`` when that is smaller
+        (read again whenever Redis comes back: it may be another server now)."""
         try:
             config = await bounded(self.redis.config_get("proto-max-bulk-len"))
         except self._errors:
             return  # Redis not up yet (or CONFIG renamed away): keep the configured cap
+        self._fitted = True
         raw = config.get(b"proto-max-bulk-len", config.get("proto-max-bulk-len"))
         if raw is not None and int(raw) < self.max_result_bytes:
             logger.info("results capped at Redis's proto-max-bulk-len, %s bytes", int(raw))
@@ -132,7 +135,6 @@ class Sidecar:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then let each loop finish its job and remove ``hello``."""
-        await self.fit_to_redis()
         loops = [asyncio.create_task(self._jobs(stop, i)) for i in range(self.concurrency)]
         hello = asyncio.create_task(self._hello(stop))
         try:
@@ -150,6 +152,7 @@ class Sidecar:
             await asyncio.wait_for(stop.wait(), seconds)
 
     def _redis_failed(self, what: str, exc: BaseException) -> None:
+        self._fitted = False
         if not self._outage:
             logger.warning("Redis %s failed (%s); retrying", what, type(exc).__name__)
             self._outage = True
@@ -162,6 +165,8 @@ class Sidecar:
     async def _hello(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
+                if not self._fitted:
+                    await self.fit_to_redis()
                 async with self.redis.pipeline(transaction=True) as pipe:
                     pipe.hset(self.keys.hello, mapping=hello_fields(self.hello()))
                     pipe.expire(self.keys.hello, HELLO_TTL_S)

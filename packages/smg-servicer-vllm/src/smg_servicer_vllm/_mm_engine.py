@@ -261,6 +261,10 @@ class InprocessProcessor:
             allowed_media_domains=domains,
         )
 
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        return accepted_schemes(self.local_media_allowed)
+
     async def _fetch_one(self, index: int, item: MediaItem) -> Any:
         where = f"media_refs.items[{index}]"
         fetch = {
@@ -394,15 +398,14 @@ class MultimodalPath:
         elif self.mode == "redis":
             from smg_servicer_vllm.mm_redis import RedisProcessor  # noqa: PLC0415
 
-            self.processor = RedisProcessor(engine, settings, self.tensor_facts.dtype)
-        local = self.processor.local_media_allowed if self.processor else False
-        self._local_schemes = accepted_schemes(local)
+            self.processor = RedisProcessor(
+                engine, settings, self.tensor_facts.dtype, self.facts.max_embeds_per_item
+            )
 
     @property
     def schemes(self) -> tuple[str, ...]:
         """The URL schemes media refs may use: the live sidecar's, or the worker's own."""
-        live: tuple[str, ...] | None = getattr(self.processor, "schemes", None)
-        return live if live is not None else self._local_schemes
+        return self.processor.schemes if self.processor is not None else accepted_schemes(False)
 
     async def refresh(self) -> None:
         """Re-read what may change while serving (whether the sidecar is alive)."""

@@ -39,12 +39,13 @@ from smg_servicer_mm_sidecar.protocol import (
     limit_string,
     sorted_json,
 )
-from smg_servicer_vllm.mm import MediaItem
+from smg_servicer_vllm.mm import REMOTE_SCHEMES, MediaItem
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
 logger = logging.getLogger(__name__)
 #: Every tensor inline in the one buffer (vLLM's out-of-band buffers would need a side channel).
 _INLINE = 2**62
+ALL_SCHEMES = (*REMOTE_SCHEMES, "file")
 
 
 def fingerprint_of(model_config: Any) -> Fingerprint:
@@ -105,7 +106,15 @@ def as_servicer_error(exc: SidecarError) -> ServicerError:
 class RedisProcessor:
     """Media refs sent to the sidecar; its tensors rebuilt into vLLM's engine input."""
 
-    def __init__(self, engine: Any, settings: MmSettings, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        settings: MmSettings,
+        dtype: torch.dtype,
+        max_embeds: Mapping[str, int] | None = None,
+    ) -> None:
+        """``max_embeds``: the most embedding positions one item of a modality fills (vLLM's
+        per-item maximum): a result that places more would fail inside the engine."""
         try:
             from smg_servicer_mm_sidecar.client import SidecarClient, connect  # noqa: PLC0415
 
@@ -119,6 +128,7 @@ class RedisProcessor:
         self.vocab_size = int(mc.get_vocab_size())
         self.context_length = int(mc.max_model_len)
         self.dtype = dtype
+        self.max_embeds = dict(max_embeds or {})
         self.client = SidecarClient(
             redis,
             fingerprint_of(mc),
@@ -126,7 +136,6 @@ class RedisProcessor:
             timeout_ms=settings.sidecar_timeout_ms,
             max_queue=settings.sidecar_max_queue,
         )
-        self.local_media_allowed = False
         logger.info(
             "multimodal sidecar: Redis %s, namespace %s (%s), timeout %d ms, max queue %d",
             redact_url(settings.redis_url),
@@ -137,9 +146,10 @@ class RedisProcessor:
         )
 
     @property
-    def schemes(self) -> tuple[str, ...] | None:
-        """The schemes the live sidecar accepts (None until one is found)."""
-        return self.client.hello.schemes if self.client.hello else None
+    def schemes(self) -> tuple[str, ...]:
+        """The schemes the live sidecar accepts; every scheme until one is found (the sidecar
+        then answers ``scheme_not_accepted`` itself)."""
+        return self.client.hello.schemes if self.client.hello else ALL_SCHEMES
 
     async def refresh(self) -> bool:
         """Whether a sidecar with our fingerprint is alive (re-read at most once a second)."""
@@ -172,7 +182,8 @@ class RedisProcessor:
                 kwargs[modality] = [decode_item(b, self.dtype) for b in blobs]
             except Exception as exc:  # msgspec, torch or vLLM's decoder: a broken result
                 raise SidecarError(SIDECAR_PROTOCOL, "the result's tensors are unreadable") from exc
-            placeholders[modality] = [self._range(p, len(ids)) for p in ranges]
+            limit = self.max_embeds.get(modality)
+            placeholders[modality] = [self._range(p, len(ids), limit) for p in ranges]
             hashes[modality] = list(names)
         if sum(len(v) for v in kwargs.values()) != count:
             raise SidecarError(SIDECAR_PROTOCOL, "the result holds the wrong number of items")
@@ -187,13 +198,16 @@ class RedisProcessor:
         return engine_input
 
     @staticmethod
-    def _range(placeholder: Any, prompt_len: int) -> PlaceholderRange:
+    def _range(placeholder: Any, prompt_len: int, max_embeds: int | None) -> PlaceholderRange:
         offset, length = int(placeholder.offset), int(placeholder.length)
         mask = placeholder.is_embed
         if length <= 0 or offset < 0 or offset + length > prompt_len:
             raise SidecarError(SIDECAR_PROTOCOL, "a placeholder lies outside the prompt")
         if mask is not None and len(mask) != length:
             raise SidecarError(SIDECAR_PROTOCOL, "a placeholder's embed mask has the wrong size")
+        embeds = sum(mask) if mask is not None else length
+        if max_embeds is not None and embeds > max_embeds:
+            raise SidecarError(SIDECAR_PROTOCOL, "a placeholder is longer than the model's items")
         is_embed = torch.tensor(mask, dtype=torch.bool) if mask is not None else None
         return PlaceholderRange(offset=offset, length=length, is_embed=is_embed)
 
