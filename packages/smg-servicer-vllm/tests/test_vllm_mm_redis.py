@@ -263,6 +263,27 @@ async def test_a_forged_hello_and_a_forged_result(
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert details(error).startswith("fingerprint_mismatch")
 
+        # A result that places more embeddings than the model makes for one image (it would
+        # fail inside the engine and kill it) or undecodable tensors: refused, engine unharmed.
+        image = ids["<image>"]
+        for placeholder, blob in [(p.Placeholder(5, 20), b"x"), (p.Placeholder(5, 4), b"\xc1")]:
+            call = asyncio.create_task(refused(stub, request))
+            _, raw = await control.brpop([keys.jobs], timeout=5)
+            job = p.decode_job(raw)
+            bad = msgspec.structs.replace(
+                forged,
+                job_id=job.job_id,
+                fingerprint=ours,
+                prompt_token_ids=[*ids["one"][:5], *([image] * 20), *ids["one"][5:]],
+                mm_hashes={"image": ["h"]},
+                mm_placeholders={"image": [placeholder]},
+                mm_kwargs={"image": [blob]},
+            )
+            await control.lpush(keys.result(job.job_id), p.encode(bad))
+            error = await call
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert details(error).startswith("sidecar_protocol")
+
         # A queue at the limit fails fast, and nothing is pushed.
         await until_advertised(stub, "redis", within_s=3)
         await control.lpush(keys.jobs, b"queued-1", b"queued-2")

@@ -75,7 +75,9 @@ def transport_errors() -> tuple[type[BaseException], ...]:
 
 
 async def bounded(call: Awaitable[T], timeout_s: float = CONTROL_TIMEOUT_S) -> T:
-    return await asyncio.wait_for(call, timeout_s)
+    """``call`` within ``timeout_s`` (``asyncio.TimeoutError`` past it; no extra task)."""
+    async with asyncio.timeout(timeout_s):
+        return await call
 
 
 class SidecarClient:

@@ -178,12 +178,12 @@ class RedisProcessor:
             names = result.mm_hashes.get(modality, [])
             if modality not in MODALITIES or not (len(blobs) == len(ranges) == len(names)):
                 raise SidecarError(SIDECAR_PROTOCOL, f"the {modality} result is inconsistent")
+            limit = self.max_embeds.get(modality)
+            placeholders[modality] = [self._range(p, len(ids), limit) for p in ranges]
             try:
                 kwargs[modality] = [decode_item(b, self.dtype) for b in blobs]
             except Exception as exc:  # msgspec, torch or vLLM's decoder: a broken result
                 raise SidecarError(SIDECAR_PROTOCOL, "the result's tensors are unreadable") from exc
-            limit = self.max_embeds.get(modality)
-            placeholders[modality] = [self._range(p, len(ids), limit) for p in ranges]
             hashes[modality] = list(names)
         if sum(len(v) for v in kwargs.values()) != count:
             raise SidecarError(SIDECAR_PROTOCOL, "the result holds the wrong number of items")
