@@ -239,3 +239,33 @@ async def test_a_cancelled_wait_takes_the_job_back(stack) -> None:
     sidecar.processor.hold.set()
     await client.aclose()  # waits for the background cleanup
     assert await control.llen(client.keys.jobs) == 0
+
+
+async def test_a_late_result_expires_with_its_ttl(redis_server) -> None:
+    """A job given up by the worker, answered after: its key carries the TTL and is gone after
+    it (the protocol's 120 s, shortened here to 1 s)."""
+    control = connect(redis_server.url)
+    await control.flushall()  # earlier tests' late results live for the protocol's 120 s
+    processor = StandIn()
+    processor.hold = asyncio.Event()
+    sidecar = Sidecar(connect(redis_server.url), FP, processor, poll_s=0.2, result_ttl_s=1)
+    client = SidecarClient(connect(redis_server.url), FP, timeout_ms=3000)
+    stop = asyncio.Event()
+    running = asyncio.create_task(sidecar.run(stop))
+    await asyncio.wait_for(sidecar.announced.wait(), 5)
+    task = asyncio.create_task(client.submit("late", [1], None, ITEMS))
+    await processor.entered.wait()
+    task.cancel()  # the worker gives up: its cleanup deletes a key that does not exist yet
+    await asyncio.gather(task, return_exceptions=True)
+    await client.aclose()
+    processor.hold.set()  # the sidecar answers now
+    key = sidecar.keys.result(processor.jobs[0].job_id)
+    while not await control.exists(key):  # noqa: ASYNC110 - the state is in Redis
+        await asyncio.sleep(0.02)
+    assert 0 < await control.pttl(key) <= 1000
+    while await control.exists(key):  # noqa: ASYNC110 - Redis expires it
+        await asyncio.sleep(0.05)
+    assert await control.keys(sidecar.keys.results_pattern) == []
+    stop.set()
+    await asyncio.wait_for(running, 15)
+    await control.aclose()

@@ -87,10 +87,12 @@ class Sidecar:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         settings_source: str = "default",
         poll_s: float = JOB_POLL_S,
+        result_ttl_s: int = RESULT_TTL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``poll_s``: how long a loop's BRPOP waits before it looks for a stop (a stop lets the
-        wait end, so a job popped at that moment is still processed)."""
+        wait end, so a job popped at that moment is still processed). ``result_ttl_s``: the
+        protocol's 120 s; tests shorten it to watch a key expire."""
         self.redis = redis
         self.fingerprint = fingerprint
         self.processor = processor
@@ -101,6 +103,7 @@ class Sidecar:
         self.started_at = clock()
         self.clock = clock
         self.poll_s = poll_s
+        self.result_ttl_s = result_ttl_s
         #: Set once the first hello is written (the sidecar is discoverable).
         self.announced = asyncio.Event()
         self.counters = Counters()
@@ -273,5 +276,5 @@ class Sidecar:
     async def _lpush(self, key: str, payload: bytes, budget_s: float) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, payload)
-            pipe.expire(key, RESULT_TTL_S)
+            pipe.expire(key, self.result_ttl_s)
             await bounded(pipe.execute(), budget_s)

@@ -24,7 +24,6 @@ every loop finishes the job it holds, exit 0. A bad setting: one line, exit 2.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
@@ -33,11 +32,10 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from smg_servicer_core.config import Setting, environment, resolve
+from smg_servicer_core.config import environment, resolve
 from smg_servicer_core.errors import ConfigError, InvalidRequest, ServicerError, Unavailable
 from smg_servicer_mm_sidecar.client import connect
 from smg_servicer_mm_sidecar.protocol import (
-    DEFAULT_MAX_RESULT_BYTES,
     SCHEMA,
     Job,
     JobResult,
@@ -45,42 +43,14 @@ from smg_servicer_mm_sidecar.protocol import (
     failure,
 )
 from smg_servicer_mm_sidecar.service import Sidecar
+from smg_servicer_mm_sidecar.settings import SETTINGS
 from smg_servicer_vllm._mm_engine import InprocessProcessor
 from smg_servicer_vllm.mm import MediaItem, accepted_schemes
 from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
-from smg_servicer_vllm.mm_settings import SETTINGS as WORKER_SETTINGS
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
 logger = logging.getLogger("smg_servicer_mm_sidecar")
 PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
-_WORKER = {s.name: s for s in WORKER_SETTINGS}
-
-
-def _positive(value: int) -> str | None:
-    return None if value > 0 else "must be a positive integer"
-
-
-SETTINGS: tuple[Setting[Any], ...] = (
-    dataclasses.replace(_WORKER["mm_redis_url"], name="redis_url", flag="--redis-url"),
-    dataclasses.replace(
-        _WORKER["mm_sidecar_namespace"],
-        name="namespace",
-        flag="--namespace",
-        help="the key namespace (default: derived from the model fingerprint, as the worker does)",
-    ),
-    Setting(
-        "concurrency", int, 2, "jobs processed at once", flag="--concurrency", validate=_positive
-    ),
-    Setting(
-        "max_result_bytes",
-        int,
-        DEFAULT_MAX_RESULT_BYTES,
-        "the largest encoded result (lowered to Redis's proto-max-bulk-len)",
-        env="SMG_VLLM_MM_MAX_RESULT_BYTES",
-        validate=_positive,
-    ),
-    _WORKER["mm_max_video_frames"],
-)
 
 
 def fetch_code(exc: ServicerError) -> str:

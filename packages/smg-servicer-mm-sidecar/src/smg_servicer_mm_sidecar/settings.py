@@ -1,0 +1,42 @@
+"""The sidecar's own settings, engine-free. ``--redis-url`` and ``--namespace`` are the worker's
+``--mm-redis-url`` / ``--mm-sidecar-namespace`` settings under the sidecar's flag names: the same
+variables (``SMG_VLLM_MM_REDIS_URL``, ``SMG_VLLM_MM_SIDECAR_NAMESPACE``), the same parsing and
+checks, so the two processes cannot resolve them differently."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from smg_servicer_core.config import Setting
+from smg_servicer_mm_sidecar.protocol import DEFAULT_MAX_RESULT_BYTES
+from smg_servicer_vllm.mm_settings import SETTINGS as WORKER_SETTINGS
+
+_WORKER = {s.name: s for s in WORKER_SETTINGS}
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else "must be a positive integer"
+
+
+SETTINGS: tuple[Setting[Any], ...] = (
+    dataclasses.replace(_WORKER["mm_redis_url"], name="redis_url", flag="--redis-url"),
+    dataclasses.replace(
+        _WORKER["mm_sidecar_namespace"],
+        name="namespace",
+        flag="--namespace",
+        help="the key namespace (default: derived from the model fingerprint, as the worker does)",
+    ),
+    Setting(
+        "concurrency", int, 2, "jobs processed at once", flag="--concurrency", validate=_positive
+    ),
+    Setting(
+        "max_result_bytes",
+        int,
+        DEFAULT_MAX_RESULT_BYTES,
+        "the largest encoded result (lowered to Redis's proto-max-bulk-len)",
+        env="SMG_VLLM_MM_MAX_RESULT_BYTES",
+        validate=_positive,
+    ),
+    _WORKER["mm_max_video_frames"],
+)
