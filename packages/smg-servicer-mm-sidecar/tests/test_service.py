@@ -154,6 +154,8 @@ async def test_the_cap_follows_redis_proto_max_bulk_len(stack) -> None:
         assert sidecar.max_result_bytes == 2 << 20
     finally:
         await control.config_set("proto-max-bulk-len", str(512 << 20))
+    await sidecar.fit_to_redis()  # a Redis that takes more gives the configured cap back
+    assert sidecar.max_result_bytes == sidecar.configured_max_result_bytes
 
 
 async def test_a_result_redis_refuses_is_reported_at_once(stack) -> None:

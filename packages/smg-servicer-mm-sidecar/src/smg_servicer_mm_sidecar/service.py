@@ -98,7 +98,7 @@ class Sidecar:
         self.processor = processor
         self.keys = Keys(namespace_for(fingerprint, namespace))
         self.concurrency = concurrency
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = self.configured_max_result_bytes = max_result_bytes
         self.settings_source = settings_source
         self.started_at = clock()
         self.clock = clock
@@ -122,9 +122,11 @@ class Sidecar:
             return  # Redis not up yet (or CONFIG renamed away): keep the configured cap
         self._fitted = True
         raw = config.get(b"proto-max-bulk-len", config.get("proto-max-bulk-len"))
-        if raw is not None and int(raw) < self.max_result_bytes:
+        limit = self.configured_max_result_bytes
+        if raw is not None and int(raw) < limit:
             logger.info("results capped at Redis's proto-max-bulk-len, %s bytes", int(raw))
-            self.max_result_bytes = int(raw)
+            limit = int(raw)
+        self.max_result_bytes = limit
 
     def hello(self) -> Hello:
         return Hello(
