@@ -6,11 +6,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from smg_servicer_core.config import environment
+from smg_servicer_core.testing.process import spawn_until_line
 
 SERVING = "written; serving"
 
@@ -45,32 +45,22 @@ class SidecarProcess:
     def start(self) -> SidecarProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        proc = subprocess.Popen(
+
+        def write(line: bytes) -> None:
+            log.write(line)
+            log.flush()
+
+        self.proc = spawn_until_line(
             self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            SERVING.encode(),
+            write,
+            what="the sidecar",
+            output=self.log,
+            timeout_s=self.start_timeout_s,
             env=self.env,
-            start_new_session=True,
+            on_eof=log.close,
+            new_session=True,
         )
-        ready = threading.Event()
-        assert proc.stdout is not None
-        stdout = proc.stdout
-
-        def copy() -> None:  # the log file gets everything; the event the first hello
-            with log:
-                for line in iter(stdout.readline, b""):
-                    log.write(line)
-                    log.flush()
-                    if SERVING.encode() in line:
-                        ready.set()
-            ready.set()
-
-        threading.Thread(target=copy, name="sidecar-log", daemon=True).start()
-        if not ready.wait(self.start_timeout_s) or proc.poll() is not None:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"the sidecar did not start:\n{self.log()[-4000:]}")
-        self.proc = proc
         return self
 
     def log(self) -> str:

@@ -1,5 +1,6 @@
 """Server processes for tests: one that reports its bound port through a file
-(``--port-file``), and :class:`WorkerProcess`, a worker launched as users launch it."""
+(``--port-file``), one that says it is ready in a line of its output (:func:`spawn_until_line`),
+and :class:`WorkerProcess`, a worker launched as users launch it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -58,6 +60,52 @@ def fake_server_command(port_file: Path, *flags: str) -> list[str]:
         str(port_file),
         *flags,
     ]
+
+
+def spawn_until_line(
+    cmd: Sequence[str],
+    marker: bytes,
+    on_line: Callable[[bytes], None],
+    *,
+    what: str,
+    output: Callable[[], str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    on_eof: Callable[[], None] | None = None,
+    new_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Run ``cmd`` and return once a line of its output holds ``marker``.
+
+    A thread hands every line (stdout and stderr) to ``on_line`` for the process's whole life
+    (so the pipe never fills), then calls ``on_eof``. If the process exits or stays silent past
+    ``timeout_s`` it is killed, and the error shows the tail of ``output()``.
+    """
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env) if env is not None else None,
+        start_new_session=new_session,
+    )
+    ready = threading.Event()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def pump() -> None:
+        for line in iter(stdout.readline, b""):
+            on_line(line)
+            if marker in line:
+                ready.set()
+        if on_eof is not None:
+            on_eof()
+        ready.set()  # exited: the wait below ends and the check reports it
+
+    threading.Thread(target=pump, name=f"{what}-output", daemon=True).start()
+    if not ready.wait(timeout_s) or proc.poll() is not None:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{what} did not start:\n{output()[-4000:]}")
+    return proc
 
 
 def free_port(below: int = 55536) -> int:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import collections
 import shutil
 import subprocess
-import threading
 from types import TracebackType
 
-from smg_servicer_core.testing.process import free_port
+from smg_servicer_core.testing.process import free_port, spawn_until_line
 
 READY = b"Ready to accept connections"
 INSTALL_HINT = "redis-server is not installed (Debian: apt-get install -y redis-server)"
@@ -44,25 +43,14 @@ class RedisServer:
         cmd += ["--appendonly", "no", "--loglevel", "notice"]
         if self.password:
             cmd += ["--requirepass", self.password]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        ready = threading.Event()
-        assert proc.stdout is not None
-        stdout = proc.stdout
-
-        def drain() -> None:  # also keeps the pipe from filling
-            for line in iter(stdout.readline, b""):
-                self.log.append(line)
-                if READY in line:
-                    ready.set()
-            ready.set()  # exited: the wait below ends and the check reports it
-
-        threading.Thread(target=drain, name=f"redis-{self.port}", daemon=True).start()
-        if not ready.wait(self.start_timeout_s) or proc.poll() is not None:
-            proc.kill()
-            proc.wait()
-            shown = b"".join(self.log).decode(errors="replace")[-2000:]
-            raise RuntimeError(f"redis-server did not start on port {self.port}:\n{shown}")
-        self.proc = proc
+        self.proc = spawn_until_line(
+            cmd,
+            READY,
+            self.log.append,
+            what=f"redis-server on port {self.port}",
+            output=lambda: b"".join(self.log).decode(errors="replace"),
+            timeout_s=self.start_timeout_s,
+        )
         return self
 
     def kill(self) -> None:
