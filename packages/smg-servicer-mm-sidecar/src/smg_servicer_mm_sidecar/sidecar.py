@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from smg_servicer_core.config import environment, resolve
-from smg_servicer_core.errors import ConfigError, InvalidRequest, ServicerError, Unavailable
+from smg_servicer_core.errors import ConfigError, InvalidRequest
 from smg_servicer_mm_sidecar.client import connect
 from smg_servicer_mm_sidecar.protocol import (
     SCHEMA,
@@ -45,23 +45,12 @@ from smg_servicer_mm_sidecar.protocol import (
 from smg_servicer_mm_sidecar.service import Sidecar
 from smg_servicer_mm_sidecar.settings import SETTINGS
 from smg_servicer_vllm._mm_engine import InprocessProcessor
-from smg_servicer_vllm.mm import MediaItem, accepted_schemes
+from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable, accepted_schemes
 from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
 logger = logging.getLogger("smg_servicer_mm_sidecar")
 PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
-
-
-def fetch_code(exc: ServicerError) -> str:
-    """The protocol code of a fetch failure (the in-process path's error, classified)."""
-    if isinstance(exc, Unavailable):
-        return "fetch_unavailable"
-    if "--allowed-media-domains" in exc.message:
-        return "domain_not_allowed"
-    if "could not be read as" in exc.message:
-        return "decode_failed"
-    return "fetch_failed"
 
 
 def process_code(cause: BaseException | None) -> str:
@@ -97,8 +86,8 @@ class VllmJobProcessor:
         items = [MediaItem(modality=i.modality, url=i.url) for i in job.items]
         try:
             data = await self.inner.fetch(items)
-        except ServicerError as exc:
-            return failure(job.job_id, fetch_code(exc), exc.message)
+        except (MediaRefused, MediaUnavailable) as exc:
+            return failure(job.job_id, exc.reason, exc.message)
         fetched = time.time()
         try:
             processed = await self.inner.process(list(job.prompt_token_ids), data, job.prompt or "")

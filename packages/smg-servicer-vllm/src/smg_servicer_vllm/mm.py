@@ -176,36 +176,54 @@ def _names(exc: BaseException) -> list[str]:
     return [cls.__name__ for cls in type(exc).__mro__]
 
 
-def fetch_error(exc: BaseException, where: str, modality: str) -> Exception:  # noqa: PLR0911 - one answer per failure class
+class MediaRefused(InvalidRequest):
+    """A fetch that failed by the request's fault. ``reason`` is the sidecar protocol's code
+    (``fetch_failed``, ``domain_not_allowed`` or ``decode_failed``)."""
+
+    def __init__(self, message: str, reason: str = "fetch_failed") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class MediaUnavailable(Unavailable):
+    """A fetch that may succeed later (a media host's 5xx, a timeout, no connection)."""
+
+    reason = "fetch_unavailable"
+
+
+def fetch_error(exc: BaseException, where: str, modality: str) -> MediaRefused | MediaUnavailable:  # noqa: PLR0911 - one answer per failure class
     """A fetch failure as the client should see it, by exception class (no raw text: a message
     can hold a server path or an allow-list). Client faults -> INVALID_ARGUMENT; timeouts,
-    upstream 5xx/408/429 and connection failures -> UNAVAILABLE (the router may retry)."""
+    upstream 5xx/408/429 and connection failures -> UNAVAILABLE (the router may retry). Both
+    carry the sidecar protocol's code as ``reason``."""
     names = _names(exc)
     text = str(exc)
     if "ClientResponseError" in names:
         status = int(getattr(exc, "status", 0) or 0)
         message = f"{where}: the media host answered HTTP {status}"
         return (
-            Unavailable(message)
+            MediaUnavailable(message)
             if status >= 500 or status in (408, 429)
-            else InvalidRequest(message)
+            else MediaRefused(message)
         )
     if "VLLMClientError" in names:
         status = "".join(ch for ch in text.partition("HTTP ")[2][:3] if ch.isdigit())
         detail = f"the media host answered HTTP {status}" if status else "the URL is not valid"
-        return InvalidRequest(f"{where}: {detail}")
+        return MediaRefused(f"{where}: {detail}")
     if "TimeoutError" in names:
-        return Unavailable(f"{where}: fetching the {modality} timed out")
+        return MediaUnavailable(f"{where}: fetching the {modality} timed out")
     if "ClientError" in names:  # aiohttp: DNS, refused connection, reset, ...
-        return Unavailable(f"{where}: the media host could not be reached")
+        return MediaUnavailable(f"{where}: the media host could not be reached")
     if "NotImplementedError" in names:
-        return InvalidRequest(f"{where}: only base64 data: URLs are supported")
+        return MediaRefused(f"{where}: only base64 data: URLs are supported")
     if "FileNotFoundError" in names or "IsADirectoryError" in names:
-        return InvalidRequest(f"{where}: the file does not exist")
+        return MediaRefused(f"{where}: the file does not exist")
     if "ValueError" in names and "allowed domains" in text:
-        return InvalidRequest(f"{where}: the URL's host is not in --allowed-media-domains")
+        return MediaRefused(
+            f"{where}: the URL's host is not in --allowed-media-domains", "domain_not_allowed"
+        )
     if "ValueError" in names and "allowed-local-media-path" in text:
-        return InvalidRequest(f"{where}: the file is outside --allowed-local-media-path")
+        return MediaRefused(f"{where}: the file is outside --allowed-local-media-path")
     if "ValueError" in names or "UnidentifiedImageError" in names or "OSError" in names:
-        return InvalidRequest(f"{where}: the media could not be read as {modality}")
-    return Unavailable(f"{where}: the {modality} could not be fetched")
+        return MediaRefused(f"{where}: the media could not be read as {modality}", "decode_failed")
+    return MediaUnavailable(f"{where}: the {modality} could not be fetched")
