@@ -45,7 +45,7 @@ from smg_servicer_mm_sidecar.protocol import (
 from smg_servicer_mm_sidecar.service import Sidecar
 from smg_servicer_mm_sidecar.settings import SETTINGS
 from smg_servicer_vllm._mm_engine import InprocessProcessor
-from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable, accepted_schemes
+from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable
 from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
@@ -70,7 +70,7 @@ class VllmJobProcessor:
         engine = SimpleNamespace(model_config=vllm_config.model_config, renderer=renderer)
         self.inner = InprocessProcessor(engine, settings)
         self.fingerprint = fingerprint_of(vllm_config.model_config)
-        self.schemes = accepted_schemes(self.inner.local_media_allowed)
+        self.schemes = self.inner.schemes
 
     async def process(self, job: Job) -> JobResult:
         started = time.time()

@@ -265,6 +265,15 @@ class InprocessProcessor:
     def schemes(self) -> tuple[str, ...]:
         return accepted_schemes(self.local_media_allowed)
 
+    #: The worker processes media itself: always able to.
+    advertised = True
+
+    async def refresh(self) -> None:
+        """Nothing changes while serving."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
     async def _fetch_one(self, index: int, item: MediaItem) -> Any:
         where = f"media_refs.items[{index}]"
         fetch = {
@@ -409,17 +418,13 @@ class MultimodalPath:
 
     async def refresh(self) -> None:
         """Re-read what may change while serving (whether the sidecar is alive)."""
-        refresh = getattr(self.processor, "refresh", None)
-        if refresh is not None:
-            await refresh()
+        if self.processor is not None:
+            await self.processor.refresh()
 
     @property
     def advertised(self) -> bool:
         """Whether media refs can be processed now (``mm_processor`` is advertised)."""
-        if self.processor is None:
-            return False
-        client = getattr(self.processor, "client", None)
-        return client.advertised if client is not None else True
+        return self.processor is not None and self.processor.advertised
 
     def check(self, request: Any) -> list[MediaItem]:
         """The cheap checks of a multimodal request (no fetch, no tensor read): its media refs."""
@@ -450,10 +455,9 @@ class MultimodalPath:
             return await asyncio.to_thread(tensor_input, request, ids, self.tensor_facts)
 
     async def aclose(self) -> None:
-        """Close the sidecar client (``--mm-processor redis``)."""
-        close = getattr(self.processor, "aclose", None)
-        if close is not None:
-            await close()
+        """Close the processor's connections (the sidecar's Redis client)."""
+        if self.processor is not None:
+            await self.processor.aclose()
 
     @staticmethod
     def release(request: Any) -> None:

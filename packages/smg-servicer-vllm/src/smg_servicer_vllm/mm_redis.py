@@ -39,13 +39,12 @@ from smg_servicer_mm_sidecar.protocol import (
     limit_string,
     sorted_json,
 )
-from smg_servicer_vllm.mm import REMOTE_SCHEMES, MediaItem
+from smg_servicer_vllm.mm import MediaItem, accepted_schemes
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
 logger = logging.getLogger(__name__)
 #: Every tensor inline in the one buffer (vLLM's out-of-band buffers would need a side channel).
 _INLINE = 2**62
-ALL_SCHEMES = (*REMOTE_SCHEMES, "file")
 
 
 def fingerprint_of(model_config: Any) -> Fingerprint:
@@ -149,11 +148,16 @@ class RedisProcessor:
     def schemes(self) -> tuple[str, ...]:
         """The schemes the live sidecar accepts; every scheme until one is found (the sidecar
         then answers ``scheme_not_accepted`` itself)."""
-        return self.client.hello.schemes if self.client.hello else ALL_SCHEMES
+        return self.client.hello.schemes if self.client.hello else accepted_schemes(True)
 
-    async def refresh(self) -> bool:
-        """Whether a sidecar with our fingerprint is alive (re-read at most once a second)."""
-        return await self.client.probe() is not None
+    @property
+    def advertised(self) -> bool:
+        """Whether the last probe found a sidecar with our fingerprint."""
+        return self.client.advertised
+
+    async def refresh(self) -> None:
+        """Probe the sidecar's hello again (at most once a second)."""
+        await self.client.probe()
 
     async def engine_input(
         self, ids: list[int], items: Sequence[MediaItem], text: str, request_id: str = ""
