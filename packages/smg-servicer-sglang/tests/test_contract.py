@@ -288,3 +288,59 @@ async def test_max_tokens_zero_is_invalid_argument(stack: Stack) -> None:
         _ = [r async for r in stack.stub.Generate(request)]
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details() == "max_tokens must be at least 1, got 0"
+
+
+async def _aborted_rids(stack: Stack, want: set[str], timeout_s: float = 5.0) -> set[str]:
+    """The AbortReq rids the scheduler has received, waiting until ``want`` are among them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        got = {o.rid for o in stack.scheduler.received if isinstance(o, sg.AbortReq)}
+        if want <= got or loop.time() > deadline:
+            return got
+        await asyncio.sleep(0.02)
+
+
+async def _sent(stack: Stack, count: int) -> list[Any]:
+    """Until the scheduler has received ``count`` generate requests (not the warm-up)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while True:
+        reqs = [
+            o
+            for o in stack.scheduler.received
+            if isinstance(o, sg.TokenizedGenerateReqInput) and not o.rid.startswith("WARMUP")
+        ]
+        if len(reqs) >= count:
+            return reqs
+        assert loop.time() < deadline, "the scheduler never got the request"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_client_cancel_while_waiting_aborts_in_the_scheduler(
+    stack: Stack, stream: bool
+) -> None:
+    """A cancel that lands while the servicer waits for the scheduler's next output still tells
+    the scheduler to drop the request (the stream's own cleanup used to forget it first)."""
+    stack.scheduler.mode = "silent"
+    call = stack.stub.Generate(gen(f"wait-{stream}", stream=stream))
+    (req,) = await _sent(stack, 1)
+    call.cancel()
+    assert req.rid in await _aborted_rids(stack, {req.rid})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while len(stack.servicer.registry) or stack.manager.active:
+        assert loop.time() < deadline, "the request was never released"
+        await asyncio.sleep(0.02)
+
+
+async def test_client_cancel_of_n2_aborts_every_member(stack: Stack) -> None:
+    stack.scheduler.mode = "silent"
+    request = gen("group")
+    request.sampling_params.n = 2
+    request.sampling_params.temperature = 1.0
+    call = stack.stub.Generate(request)
+    (prefix,) = await _sent(stack, 1)  # phase 1: the shared prefill, held by the scheduler
+    call.cancel()
+    assert prefix.rid in await _aborted_rids(stack, {prefix.rid})

@@ -217,11 +217,28 @@ class RequestManager:
             self._groups[group] = rid_list
         return wake
 
-    def close_states(self, rids: Iterable[str], group: str | None = None) -> None:
-        for rid in rids:
+    async def release(self, rids: Iterable[str], group: str | None = None) -> None:
+        """Forget the states of ``rids`` (every stream's cleanup). One the scheduler has not
+        finished — the stream ended early: a client cancel, a deadline, an error — is aborted
+        there first, so it does not go on generating for nobody. Shielded: a second cancel
+        during cleanup does not lose the abort."""
+        rid_list = list(rids)
+        unfinished = [rid for rid in rid_list if not self._finished(rid)]
+        for rid in rid_list:
             self._states.pop(rid, None)
         if group is not None:
             self._groups.pop(group, None)
+        if unfinished:
+            await asyncio.shield(self._abort_in_scheduler(unfinished))
+
+    def _finished(self, rid: str) -> bool:
+        state = self._states.get(rid)
+        return state is None or state.finished
+
+    async def _abort_in_scheduler(self, rids: list[str]) -> None:
+        for rid in rids:
+            with contextlib.suppress(Unavailable):
+                await self.send(sg.AbortReq(rid=rid))
 
     def take(self, rid: str) -> tuple[list[Output], bool]:
         """Everything waiting for ``rid`` and whether it has finished."""
@@ -247,17 +264,11 @@ class RequestManager:
     async def abort(self, rid: str, message: str = "aborted") -> bool:
         """Abort ``rid`` (and its sub-requests for ``n > 1``) in the scheduler and end its stream
         locally at once. False when nothing with that id is in flight."""
-        members = self._groups.get(rid, [rid])
-        found = False
+        members = [m for m in self._groups.get(rid, [rid]) if not self._finished(m)]
         for member in members:
-            state = self._states.get(member)
-            if state is None or state.finished:
-                continue
-            found = True
-            self._finish_locally(state, {"type": "abort", "message": message})
-            with contextlib.suppress(Unavailable):
-                await self.send(sg.AbortReq(rid=member))
-        return found
+            self._finish_locally(self._states[member], {"type": "abort", "message": message})
+        await self._abort_in_scheduler(members)
+        return bool(members)
 
     def _finish_locally(self, state: _State, finish: dict[str, Any]) -> None:
         state.outputs.append(Output(token_ids=[], finish=finish))

@@ -94,7 +94,7 @@ async def warm_up(servicer: SglangServicer) -> None:
                 if (error := convert.failure(batch[-1].finish)) is not None:
                     raise error
         finally:
-            servicer.manager.close_states([req.rid])
+            await servicer.manager.release([req.rid])
         return
     request = pb.GenerateRequest(
         request_id="WARMUP_generate",

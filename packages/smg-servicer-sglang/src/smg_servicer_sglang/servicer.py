@@ -162,7 +162,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                 if final.finish is not None:
                     yield self._final(request, seen, final, 0)
         finally:
-            self.manager.close_states([rid])
+            await self.manager.release([rid])
 
     async def _parallel(
         self, request: pb.GenerateRequest, reqs: list[Any], prefix: Any
@@ -197,7 +197,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                 if open_ids:
                     await wake.wait()
         finally:
-            self.manager.close_states([prefix.rid, *rids], group=rid)
+            await self.manager.release([prefix.rid, *rids], group=rid)
 
     async def _prefill(self, prefix: Any) -> bool:
         """Phase 1 of ``n > 1``: prefill the shared prompt once so the samples reuse its KV
@@ -243,7 +243,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                 async for batch in self.manager.stream(rid):
                     outputs.extend(batch)
             finally:
-                self.manager.close_states([rid])
+                await self.manager.release([rid])
         final = outputs[-1]
         if (error := convert.failure(final.finish)) is not None:
             raise error
@@ -323,8 +323,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         except Unavailable:
             return False, "shutting down"
         finally:
-            await self.manager.abort(rid, "health probe done")
-            self.manager.close_states([rid])
+            await self.manager.release([rid])
 
     @grpc_errors
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
