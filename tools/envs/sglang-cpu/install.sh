@@ -10,6 +10,9 @@
 # are put on the path by a .pth file.
 #
 # Idempotent: a second run with the same inputs only checks the stamp file.
+#
+# SMG_ENV_WITHOUT_CHECKOUT=1 leaves the workspace packages out (and seeds pip): an SGLang
+# environment as a user has it, into which tools/release/check_wheels.py installs the built wheels.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -24,7 +27,12 @@ env_stale sglang-cpu "$venv" "${inputs[@]}"
 # torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
 uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
 uv pip install --quiet --no-deps sglang==0.5.23
-env_editables "$root" "${members[@]}"
+without_checkout="${SMG_ENV_WITHOUT_CHECKOUT:-}"
+if [[ -n "$without_checkout" ]]; then
+    uv pip install --quiet pip
+else
+    env_editables "$root" "${members[@]}"
+fi
 {
     echo "$here/shims"
     echo "import torchvision_shim; torchvision_shim.install()"
@@ -35,7 +43,8 @@ import os
 os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
 import sglang.srt.managers.io_struct  # noqa: F401  (imports the scheduler wire)
 import sglang.srt.entrypoints.engine  # noqa: F401
-import smg_servicer_sglang, smg_grpc_servicer  # noqa: F401, E401
+if not os.environ.get("SMG_ENV_WITHOUT_CHECKOUT"):
+    import smg_servicer_sglang, smg_grpc_servicer  # noqa: F401, E401
 print("sglang-cpu env ok")
 PY
 env_done

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from smg_servicer_core import hf_cache
 from smg_servicer_core.errors import FailedPrecondition
 from smg_servicer_core.proto import common_pb2
 
@@ -148,6 +149,15 @@ def build_bundle(directory: str | Path) -> TokenizerBundle:
     )
 
 
+def _bundle_dir(directory: str | Path) -> Path:
+    """``directory``, or for a Hugging Face id (what vLLM and SGLang keep as the tokenizer when
+    ``--model`` was one) the cached snapshot the engine loaded it from."""
+    path = Path(directory)
+    if path.is_dir():
+        return path
+    return hf_cache.cached_snapshot(str(directory)) or path
+
+
 class TokenizerBundleCache:
     """One bundle per directory, built once and shared by concurrent callers."""
 
@@ -163,7 +173,7 @@ class TokenizerBundleCache:
     async def get(self, directory: str | Path | None) -> TokenizerBundle:
         if not directory:
             raise FailedPrecondition("Tokenizer path is not configured on this server.")
-        key = Path(directory)
+        key = _bundle_dir(directory)
         cached = self._ready.get(key)
         if cached is not None:
             return cached

@@ -1,14 +1,17 @@
-"""``python -m smg_servicer_mlx --model DIR [--host H] [--port P] [...]`` (also the facade's
-``python -m smg_grpc_servicer.mlx``).
+"""``python -m smg_servicer_mlx --model DIR|ORG/NAME [--host H] [--port P] [...]`` (also the
+facade's ``python -m smg_grpc_servicer.mlx``).
 
 | flag | variable | default |
 |---|---|---|
-| ``--model`` | ``SMG_MLX_MODEL`` | (required) local model directory |
+| ``--model`` | ``SMG_MLX_MODEL`` | (required) local model directory, or a Hugging Face id (1) |
 | ``--completion-batch-size`` | ``SMG_MLX_COMPLETION_BATCH_SIZE`` | 32 |
 | ``--prefill-batch-size`` | ``SMG_MLX_PREFILL_BATCH_SIZE`` | 8 |
 | ``--prefill-step-size`` | ``SMG_MLX_PREFILL_STEP_SIZE`` | 2048 |
 | ``--max-queue`` | ``SMG_MLX_MAX_QUEUE`` | 256 (may wait beyond the batch) |
 | ``--adapter-path`` | ``SMG_MLX_ADAPTER_PATH`` | none (LoRA adapter directory) |
+
+(1) resolved through the Hugging Face cache as mlx-lm does, downloaded unless ``HF_HUB_OFFLINE``
+is set; ``GetTokenizer`` bundles the same snapshot.
 
 plus core's server flags (``--host``, ``--port``, ``--grace-period``, ``--max-message-mb``,
 ``--log-level``) and metrics flags (``--metrics-port`` / ``SMG_MLX_SERVICER_METRICS_PORT``,
@@ -22,6 +25,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from smg_servicer_core import hf_cache
 from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
 from smg_servicer_core.config import Setting, at_least, environment, resolve
 from smg_servicer_core.entry import configure_logging, run_main
@@ -35,8 +39,12 @@ logger = logging.getLogger("smg_servicer_mlx")
 
 def _model_dir(value: str) -> str | None:
     if not value:
-        return "is required (a local model directory)"
-    return None if (Path(value) / "config.json").is_file() else "has no config.json"
+        return "is required (a local model directory or a Hugging Face id)"
+    if Path(value).is_dir():
+        return None if (Path(value) / "config.json").is_file() else "has no config.json"
+    if hf_cache.is_repo_id(value):
+        return None  # resolved through the Hugging Face cache at start-up
+    return "is neither a model directory nor a Hugging Face id"
 
 
 MLX_SETTINGS: tuple[Setting[Any], ...] = (
@@ -44,7 +52,7 @@ MLX_SETTINGS: tuple[Setting[Any], ...] = (
         "model",
         str,
         "",
-        "model directory",
+        "model directory or Hugging Face id",
         flag="--model",
         env="SMG_MLX_MODEL",
         validate=_model_dir,
@@ -113,7 +121,8 @@ async def _main(args: argparse.Namespace) -> int:
     configure_logging(server["log_level"])
     mlx = resolve(MLX_SETTINGS, args, environment())
     logger.info("settings: %s; %s", server.describe(), mlx.describe())
-    info = read_model_info(mlx["model"])
+    model_dir = hf_cache.resolve_model(mlx["model"])
+    info = read_model_info(model_dir, name=mlx["model"])
     try:  # the engine is imported only now, so --help works without MLX
         from smg_servicer_mlx._engine import MlxEngine  # noqa: PLC0415
         from smg_servicer_mlx.servicer import SERVICE_NAME, MlxServicer  # noqa: PLC0415

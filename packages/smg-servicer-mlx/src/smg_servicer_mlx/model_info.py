@@ -14,6 +14,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_le
 
 @dataclass(frozen=True)
 class ModelInfo:
+    #: The local model directory (a Hub id's cached snapshot).
     path: str
     vocab_size: int
     max_context: int
@@ -22,6 +23,8 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     bos_token_id: int
+    #: What ``--model`` said (a directory or a Hub id): ``GetModelInfo.model_path``.
+    name: str = ""
 
 
 def _ids(value: Any) -> tuple[int, ...]:
@@ -32,7 +35,7 @@ def _ids(value: Any) -> tuple[int, ...]:
     return ()
 
 
-def read_model_info(model_dir: str | Path) -> ModelInfo:
+def read_model_info(model_dir: str | Path, name: str | None = None) -> ModelInfo:
     path = Path(model_dir)
     try:
         config: dict[str, Any] = json.loads((path / "config.json").read_text())
@@ -58,4 +61,5 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
         eos_token_ids=eos,
         pad_token_id=int(config.get("pad_token_id") or 0),
         bos_token_id=int(config.get("bos_token_id") or 0),
+        name=name or str(path),
     )

@@ -134,7 +134,7 @@ class MlxServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
     def model_facts(self) -> ModelFacts:
         info = self.engine.info
         return ModelFacts(
-            model_path=info.path,
+            model_path=info.name or info.path,
             vocab_size=info.vocab_size,
             max_context_length=info.max_context,
             model_type=info.model_type,

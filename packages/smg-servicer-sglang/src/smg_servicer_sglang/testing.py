@@ -58,14 +58,21 @@ def sglang_python() -> Path:
     return path
 
 
-def serve_command(model: Path, port: int, *extra: str, python: Path | None = None) -> list[str]:
-    """``sglang serve --smg-grpc-mode`` (SGLang's own launcher, our servicer behind it)."""
+def serve_command(
+    model: Path,
+    port: int,
+    *extra: str,
+    python: Path | None = None,
+    mode_flag: str = "--smg-grpc-mode",
+) -> list[str]:
+    """``sglang serve --smg-grpc-mode`` (SGLang's own launcher, our servicer behind it);
+    ``mode_flag="--grpc-mode"`` is the seed's spelling, which SGLang maps to the same mode."""
     exe = (python or sglang_python()).parent / "sglang"
     return [
         str(exe), "serve",
         "--model-path", str(model),
         *CPU_FLAGS,
-        "--smg-grpc-mode",
+        mode_flag,
         "--host", "127.0.0.1",
         "--port", str(port),
         *extra,

