@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from smg_it.harness import Router, Worker, free_port
 
+from smg_it.harness import Router, Worker, free_port
 from smg_servicer_core.testing.hf_cache import add_to_hf_cache
 
 pytestmark = pytest.mark.integration
