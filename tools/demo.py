@@ -1,11 +1,13 @@
 """The README's main command: tiny model -> MLX servicer -> real smg router -> a streamed chat.
 
-    uv run python tools/demo.py ["your prompt"]
+    uv run --project tools/demo python tools/demo.py ["your prompt"]
 
-Builds (once, into .cache/models) a float32 tiny Llama, starts the MLX servicer through the facade
-(``python -m smg_grpc_servicer.mlx``) and the router in front of it on 127.0.0.1, streams one chat
-completion and prints it with timings, then stops both processes. The model is random, so the
-reply is gibberish; the timings and the token counts are real.
+Runs in the lean environment of ``tools/demo/pyproject.toml`` (MLX, the router, the facade; no
+torch, no vLLM). Builds (once, into .cache/models) a float32 tiny Llama, starts the MLX servicer
+through the facade (``python -m smg_grpc_servicer.mlx``) and the router in front of it on
+127.0.0.1, streams one chat completion and prints it with timings, then stops both
+processes. The model's weights are random, so the reply is gibberish by design; the timings and
+the token counts are real.
 """
 
 from __future__ import annotations
@@ -14,14 +16,72 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests-integration"))
 
 from smg_it.harness import Router, free_port, mlx_worker  # noqa: E402
 from smg_servicer_core.testing import cached_tiny_model  # noqa: E402
+
+READY_TIMEOUT_S = 60.0
+
+
+def wait_serving(port: int, since: float) -> float:
+    """Seconds from ``since`` until the servicer's health reports SERVING (bounded)."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health: Any = health_pb2_grpc.HealthStub(channel)  # grpc_health's stub is untyped
+        deadline = since + READY_TIMEOUT_S
+        while time.perf_counter() < deadline:
+            try:
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return time.perf_counter() - since
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.02)
+    raise TimeoutError(f"the servicer was not SERVING within {READY_TIMEOUT_S:.0f}s")
+
+
+def stream_chat(base: str, model: str, prompt: str) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "seed": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    print(f"user      {prompt}\nassistant ", end="", flush=True)
+    start = time.perf_counter()
+    first: float | None = None
+    usage: dict[str, int] = {}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                text = choice.get("delta", {}).get("content") or ""
+                if text and first is None:
+                    first = time.perf_counter() - start
+                print(text, end="", flush=True)
+    total = time.perf_counter() - start
+    tokens = usage.get("completion_tokens", 0)
+    print(
+        "\n\n(the model is random: a gibberish reply is expected; the timings are real)"
+        f"\nttft      {1000 * (first or total):.1f} ms\ntotal     {1000 * total:.1f} ms"
+        f"\ntokens    prompt {usage.get('prompt_tokens', 0)}, completion {tokens}"
+        f" ({tokens / total:.0f} tok/s)",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -30,54 +90,25 @@ def main() -> int:
     model = cached_tiny_model(REPO / ".cache" / "models")
     print(f"model     {model.name} ready in {time.perf_counter() - t0:.1f}s", flush=True)
     port = free_port()
+    worker = mlx_worker(model, port)
     t1 = time.perf_counter()
-    with mlx_worker(model, port) as worker, Router(worker.url) as router:
-        print(
-            f"servicer  grpc://127.0.0.1:{port}; router {router.base} ready in "
-            f"{time.perf_counter() - t1:.1f}s",
-            flush=True,
-        )
-        served = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
-        body = {
-            "model": served,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 64,
-            "temperature": 0.7,
-            "seed": 1,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        print(f"user      {prompt}\nassistant ", end="", flush=True)
-        start = time.perf_counter()
-        first: float | None = None
-        usage: dict[str, int] = {}
-        with httpx.stream(
-            "POST", router.base + "/v1/chat/completions", json=body, timeout=60
-        ) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
-                usage = event.get("usage") or usage
-                for choice in event.get("choices", []):
-                    text = choice.get("delta", {}).get("content") or ""
-                    if text and first is None:
-                        first = time.perf_counter() - start
-                    print(text, end="", flush=True)
-        total = time.perf_counter() - start
-        tokens = usage.get("completion_tokens", 0)
-        print(
-            f"\n\nttft      {1000 * (first or total):.1f} ms\ntotal     {1000 * total:.1f} ms"
-            f"\ntokens    prompt {usage.get('prompt_tokens', 0)}, completion {tokens}"
-            f" ({tokens / total:.0f} tok/s)",
-            flush=True,
-        )
-    print(
-        f"stopped   worker exit {worker.proc.returncode if worker.proc else '?'}; "
-        f"total {time.perf_counter() - t0:.1f}s"
-    )
-    return 0
+    worker.start()
+    try:
+        # The router starts once the servicer is SERVING: started together, they share the two
+        # cores of a small machine and both take longer.
+        serving_s = wait_serving(port, t1)
+        with Router(worker.url) as router:
+            print(
+                f"servicer  grpc://127.0.0.1:{port} SERVING in {serving_s:.1f}s; router "
+                f"{router.base} ready in {time.perf_counter() - t1:.1f}s",
+                flush=True,
+            )
+            served = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+            stream_chat(router.base, served, prompt)
+    finally:
+        code = worker.stop()
+    print(f"stopped   worker exit {code}; total {time.perf_counter() - t0:.1f}s")
+    return 0 if code == 0 else 1
 
 
 if __name__ == "__main__":

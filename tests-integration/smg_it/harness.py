@@ -116,6 +116,7 @@ class Router(_Process):
         *extra: str,
         start_timeout_s: float = 120.0,
         policy: str = "round_robin",
+        shutdown_grace_s: int = 1,
     ) -> None:
         self.port, metrics = free_port(), free_port()
         super().__init__(
@@ -140,6 +141,9 @@ class Router(_Process):
                 "info",
                 "--worker-startup-check-interval",
                 "1",
+                # Its default (180 s) still spends ~5 s on a SIGTERM with nothing in flight.
+                "--shutdown-grace-period-secs",
+                str(shutdown_grace_s),
                 *extra,
             ],
             # A tokenizer path the router cannot read locally makes it try the hub first: point

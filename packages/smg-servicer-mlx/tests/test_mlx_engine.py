@@ -190,3 +190,12 @@ async def test_text_input_and_model_info(mlx_stack) -> None:
         2048,
         [2, 0],
     )
+
+
+async def test_engine_warms_every_sampler_kind_before_serving(mlx_stack, tiny_model) -> None:
+    """The warm-up ran one short generation per sampler kind before ready, and left nothing in
+    the batch: the first real request is already token-exact (the parity test above)."""
+    engine, _, _ = mlx_stack
+    assert engine.warmed == ("greedy", "sampled", "seeded")
+    assert engine.warmup_s > 0
+    assert engine.load() == (0, 0)

@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from smg_servicer_core.errors import Overloaded, Unavailable
@@ -46,6 +47,10 @@ except ImportError as err:  # pragma: no cover - exercised by the lazy-import te
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
+#: Warm-up: one short generation per sampler kind, before SERVING (MLX compiles each graph on
+#: first use; without it the first request pays ~2 s of TTFT on a CPU).
+WARMUP_TOKENS = 2
+WARMUP_MAX_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,9 @@ class MlxEngine:
         self._dead: asyncio.Future[str] | None = None
         self._thread: threading.Thread | None = None
         self.tokenizer: Any = None
+        #: The sampler kinds the warm-up ran, and how long it took (seconds).
+        self.warmed: tuple[str, ...] = ()
+        self.warmup_s = 0.0
 
     # lifecycle (core.server.EngineLifecycle) -------------------------------------------------
 
@@ -264,12 +272,46 @@ class MlxEngine:
         mx.eval(model.parameters())  # pyright: ignore[reportUnknownMemberType]
         self.tokenizer = tokenizer
         completion, prefill, step = self._batch_sizes
-        return BatchGenerator(
+        generator = BatchGenerator(
             model,
             completion_batch_size=completion,
             prefill_batch_size=prefill,
             prefill_step_size=step,
         )
+        self._warm_up(generator)
+        return generator
+
+    def _warm_up(self, generator: Any) -> None:
+        """One short generation per sampler kind this engine builds (greedy, shared
+        categorical, seeded categorical, with a logits processor), all in one batch, before
+        SERVING. Bounded in steps; its sequences are gone from the batch afterwards."""
+        started = time.perf_counter()
+        kinds = {
+            "greedy": _greedy,
+            "sampled": _build_sampler(_WARMUP_PARAMS),
+            "seeded": _build_sampler(replace(_WARMUP_PARAMS, seed=0)),
+        }
+        vocab = self.info.vocab_size
+        prompt = [min(self.info.bos_token_id, vocab - 1), *range(1, min(8, vocab))]
+        uids = generator.insert(
+            [prompt] * len(kinds),
+            max_tokens=[WARMUP_TOKENS] * len(kinds),
+            samplers=list(kinds.values()),
+            logits_processors=[[], _processors(_WARMUP_PARAMS), []],
+        )
+        open_uids = set(uids)
+        for _ in range(WARMUP_MAX_STEPS):
+            if not open_uids:
+                break
+            _, responses = generator.next()
+            for response in responses or ():
+                if response.finish_reason is not None:
+                    open_uids.discard(response.uid)
+        if open_uids:  # never seen on a healthy model; do not leave them decoding
+            generator.remove(sorted(open_uids))
+        self.warmed = tuple(kinds)
+        self.warmup_s = time.perf_counter() - started
+        logger.info("engine warmed up (%s) in %.2fs", ", ".join(kinds), self.warmup_s)
 
     def _loop_steps(self, generator: Any) -> None:
         active: dict[int, _Request] = {}
@@ -358,6 +400,24 @@ class MlxEngine:
             self._pending.clear()
         self._post(_dispatch, [(r, StepOutput(None, finish_reason="error")) for r in waiting])
         logger.info("engine thread ending: %s", reason)
+
+
+_WARMUP_PARAMS = GenParams(
+    prompt=[],
+    max_tokens=WARMUP_TOKENS,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    min_p=0.0,
+    repetition_penalty=1.1,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
+    logit_bias={},
+    stop_token_ids=frozenset(),
+    logprobs=0,
+    want_logprobs=False,
+    seed=None,
+)
 
 
 def _dispatch(batch: list[tuple[_Request, StepOutput]]) -> None:
