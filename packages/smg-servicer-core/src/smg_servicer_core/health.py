@@ -100,7 +100,7 @@ class HealthFrame(health_pb2_grpc.HealthServicer):
             return None
         try:
             reason = await asyncio.wait_for(self.probe(), self.probe_timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
             reason = f"engine health probe timed out after {self.probe_timeout_s:g}s"
         except Exception as exc:
             reason = "engine health probe failed"
@@ -156,5 +156,5 @@ class HealthFrame(health_pb2_grpc.HealthServicer):
             if status != last:
                 yield health_pb2.HealthCheckResponse(status=status)
                 last = status
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), self.watch_interval_s)

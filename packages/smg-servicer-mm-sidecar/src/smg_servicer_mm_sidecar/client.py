@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
@@ -75,9 +76,12 @@ def transport_errors() -> tuple[type[BaseException], ...]:
 
 
 async def bounded(call: Awaitable[T], timeout_s: float = CONTROL_TIMEOUT_S) -> T:
-    """``call`` within ``timeout_s`` (``asyncio.TimeoutError`` past it; no extra task)."""
-    async with asyncio.timeout(timeout_s):
-        return await call
+    """``call`` within ``timeout_s`` (``asyncio.TimeoutError`` past it; no extra task on 3.11+,
+    where ``asyncio.timeout`` exists)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout_s):
+            return await call
+    return await asyncio.wait_for(call, timeout_s)
 
 
 class SidecarClient:
@@ -210,7 +214,7 @@ class SidecarClient:
             reply = await asyncio.wait_for(
                 self.redis.brpop([result_key], timeout=timeout_s), timeout_s + 1
             )
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
             reply = None
         if reply is None:
             raise SidecarError(

@@ -19,7 +19,10 @@ import contextlib
 import time
 from collections import deque
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; the annotations are never evaluated
+    from typing import Self
 
 import zmq
 import zmq.asyncio
