@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,19 +73,6 @@ def run(cmd: Sequence[str | Path], *, env: dict[str, str] | None = None, timeout
         tail = "\n".join((done.stdout or "").splitlines()[-40:])
         raise CheckFailed(f"exit {done.returncode}: {shown}\n{tail}")
     return done.stdout or ""
-
-
-def free_port() -> int:
-    # SGLang refuses ports above 55535 and adds 10000 for its own; stay in a common range.
-    for _ in range(100):
-        port = 20000 + int.from_bytes(os.urandom(2)) % 30000
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise CheckFailed("no free port")
 
 
 def new_venv(path: Path) -> Path:
