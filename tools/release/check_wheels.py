@@ -17,8 +17,8 @@ dependencies, and proves the install works:
   ``--help`` and serve one request;
 - ``sglang``: the SGLang CPU environment (``tools/envs/sglang-cpu/install.sh``) without the
   checkout's editable packages, then ``pip install smg-grpc-servicer smg-servicer-sglang``;
-  ``sglang serve --grpc-mode`` (the seed's spelling; the test suite runs ``--smg-grpc-mode``)
-  must serve one request.
+  ``sglang serve --smg-grpc-mode`` must serve one request (the seed's ``--grpc-mode`` spelling
+  runs in the SGLang suite's drain test).
 
 Prints one line per step with its duration; exits 1 on the first failure, with the log's tail.
 """
@@ -235,11 +235,11 @@ def check_sglang(dist: Path, work: Path) -> str:
     if str(REPO / "packages") in where:
         raise CheckFailed(f"smg_servicer_sglang comes from the checkout: {where.strip()}")
     port = free_port()
-    cmd = serve_command(tiny_model(), port, python=python, mode_flag="--grpc-mode")
+    cmd = serve_command(tiny_model(), port, python=python)
     result = serve_one(
         cmd, python, "sglang", port=port, log=work / "sglang.log", env=CPU_ENV, timeout=400
     )
-    return f"sglang serve --grpc-mode served 8 tokens, ready in {result['ready_s']}s"
+    return f"sglang serve --smg-grpc-mode served 8 tokens, ready in {result['ready_s']}s"
 
 
 CHECKS: dict[str, Callable[[Path, Path], str]] = {

@@ -21,9 +21,14 @@ SERVICE = "sglang.grpc.scheduler.SglangScheduler"
 Server = WorkerProcess
 
 
-def start_server(model: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    model: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    mode_flag: str = "--smg-grpc-mode",
+) -> Server:
     port = free_port()
-    cmd = serve_command(model, port, *extra, python=Path(sys.executable))
+    cmd = serve_command(model, port, *extra, python=Path(sys.executable), mode_flag=mode_flag)
     return start_worker(cmd, port, SERVICE, env={**CPU_ENV, **(env or {})})
 
 

@@ -31,7 +31,9 @@ def scheduler_processes(root: psutil.Process) -> list[psutil.Process]:
 
 
 def test_sigterm_drains_the_stream_in_flight(tiny_model: Path) -> None:
-    server = start_server(tiny_model)
+    # The seed's spelling, `sglang serve --grpc-mode` (SGLang maps it to --smg-grpc-mode, which
+    # every other test here and the wheel check use).
+    server = start_server(tiny_model, mode_flag="--grpc-mode")
     try:
         wait_serving(server)
         children = psutil.Process(server.proc.pid).children(recursive=True)
