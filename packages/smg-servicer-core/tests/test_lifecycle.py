@@ -216,3 +216,30 @@ def test_freeze_startup_heap_freezes_once_per_process() -> None:
     assert before == 0
     assert first > 1000  # the interpreter's and the imports' objects
     assert second == first == after  # the second call froze nothing more
+
+
+@pytest.mark.contract
+def test_a_second_sigterm_during_engine_shutdown_is_ignored(tmp_path: Path) -> None:
+    """The engine's shutdown runs under the server's signal handlers: a repeated SIGTERM (an
+    impatient supervisor) is logged and ignored instead of killing the process mid-shutdown,
+    which left an engine's worker processes behind (TokenSpeed's ranks, seen in CI as -15)."""
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc, _ = spawn_with_port_file(
+            fake_server_command(tmp_path / "port", "--shutdown-delay-s", "1.5",
+                                "--log-level", "info"),
+            tmp_path / "port",
+            timeout_s=20,
+            output=out,
+        )  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while b"fake engine shutting down" not in log.read_bytes():
+            assert time.monotonic() < deadline, log.read_text()
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
+    text = log.read_text()
+    assert "SIGTERM again: already stopping" in text
+    assert "stopped (exit 0)" in text

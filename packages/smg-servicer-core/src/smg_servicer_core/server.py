@@ -241,10 +241,19 @@ async def _first(*aws: Awaitable[Any]) -> tuple[int, Any]:
 
 @contextlib.contextmanager
 def _signals_set(event: asyncio.Event, enabled: bool) -> Any:
+    """SIGTERM/SIGINT set ``event`` for as long as the server drains and the engine shuts down:
+    a repeated signal is logged and ignored, never the default action, which would kill the
+    process mid-shutdown and leave the engine's processes behind."""
     loop = asyncio.get_running_loop()
     sigs = (signal.SIGTERM, signal.SIGINT) if enabled else ()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if event.is_set():
+            logger.warning("%s again: already stopping (SIGKILL forces it)", sig.name)
+        event.set()
+
     for sig in sigs:
-        loop.add_signal_handler(sig, event.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         yield
     finally:
@@ -326,6 +335,6 @@ async def _serve(
         else:
             logger.info("stopping: draining for up to %.1fs", options.grace_period_s)
             await server.drain(options.grace_period_s, in_flight)
-    await engine.shutdown()
+        await engine.shutdown()
     logger.info("stopped (exit %d)", code)
     return int(code)

@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--ready-delay-s", type=float, default=0.0)
+    parser.add_argument("--shutdown-delay-s", type=float, default=0.0)
     parser.add_argument("--port-file", type=Path, default=None)
     return parser
 
@@ -45,6 +46,7 @@ async def _main(args: argparse.Namespace) -> int:
             token_delay_s=args.token_delay_ms / 1000.0,
         ),
         ready_delay_s=args.ready_delay_s,
+        shutdown_delay_s=args.shutdown_delay_s,
     )
     health = HealthFrame(SERVICE_NAME)
     metrics = start_metrics(resolved)

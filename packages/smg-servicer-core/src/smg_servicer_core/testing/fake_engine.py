@@ -14,9 +14,12 @@ and that the engine stopped producing tokens.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 
 class EngineFault(RuntimeError):
@@ -63,6 +66,7 @@ class FakeEngine:
         eos_token_ids: Sequence[int] = (2, 0),
         script: FakeScript | None = None,
         ready_delay_s: float = 0.0,
+        shutdown_delay_s: float = 0.0,
     ) -> None:
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -70,6 +74,8 @@ class FakeEngine:
         self.default_script = script or FakeScript()
         self.scripts: dict[str, FakeScript] = {}
         self.ready_delay_s = ready_delay_s
+        #: How long ``shutdown`` takes (an engine stopping its worker processes).
+        self.shutdown_delay_s = shutdown_delay_s
         self.abort_calls: Counter[str] = Counter()
         self.produced: Counter[str] = Counter()
         self.running: dict[str, _Running] = {}
@@ -109,6 +115,9 @@ class FakeEngine:
         self.shutdown_calls += 1
         for running in self.running.values():
             running.stop.set()
+        if self.shutdown_delay_s > 0:
+            logger.info("fake engine shutting down (%.1fs)", self.shutdown_delay_s)
+            await asyncio.sleep(self.shutdown_delay_s)
 
     # requests ------------------------------------------------------------------------------
 
