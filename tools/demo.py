@@ -16,35 +16,23 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import grpc
 import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests-integration"))
 
 from smg_it.harness import Router, free_port, mlx_worker  # noqa: E402
 from smg_servicer_core.testing import cached_tiny_model  # noqa: E402
+from smg_servicer_core.testing.process import wait_serving  # noqa: E402
 
 READY_TIMEOUT_S = 60.0
 
 
-def wait_serving(port: int, since: float) -> float:
+def serving_after(port: int, since: float) -> float:
     """Seconds from ``since`` until the servicer's health reports SERVING (bounded)."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        health: Any = health_pb2_grpc.HealthStub(channel)  # grpc_health's stub is untyped
-        deadline = since + READY_TIMEOUT_S
-        while time.perf_counter() < deadline:
-            try:
-                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return time.perf_counter() - since
-            except grpc.RpcError:
-                pass  # not listening yet
-            time.sleep(0.02)
-    raise TimeoutError(f"the servicer was not SERVING within {READY_TIMEOUT_S:.0f}s")
+    wait_serving(f"127.0.0.1:{port}", timeout_s=READY_TIMEOUT_S, interval_s=0.02)
+    return time.perf_counter() - since
 
 
 def stream_chat(base: str, model: str, prompt: str) -> None:
@@ -96,7 +84,7 @@ def main() -> int:
     try:
         # The router starts once the servicer is SERVING: started together, they share the two
         # cores of a small machine and both take longer.
-        serving_s = wait_serving(port, t1)
+        serving_s = serving_after(port, t1)
         with Router(worker.url) as router:
             print(
                 f"servicer  grpc://127.0.0.1:{port} SERVING in {serving_s:.1f}s; router "

@@ -1,5 +1,6 @@
 """One greedy request against a worker, run with the Python of an environment installed from the
-built wheels (it imports only what those wheels bring: grpcio and ``smg_servicer_core``).
+built wheels (it imports only what those wheels bring: grpcio and ``smg_servicer_core``, not core's
+``testing.process``, whose psutil a plain MLX install lacks: hence its own health loop).
 
     python smoke_request.py --wire mlx --port 50051 [--timeout 240]
 

@@ -122,6 +122,33 @@ def free_port(below: int = 55536) -> int:
     raise RuntimeError("no free port")
 
 
+def wait_serving(
+    address: str,
+    service: str = "",
+    *,
+    timeout_s: float = 240.0,
+    interval_s: float = 0.25,
+    alive: Callable[[], str | None] | None = None,
+) -> None:
+    """Until ``grpc.health.v1`` at ``address`` says SERVING for ``service`` (bounded).
+    ``alive`` returns a reason once the process behind it has gone (RuntimeError with it)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            gone = alive() if alive is not None else None
+            if gone is not None:
+                raise RuntimeError(gone)
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(interval_s)
+    raise TimeoutError(f"{address} not SERVING within {timeout_s}s")
+
+
 @dataclass
 class WorkerProcess:
     """A worker launched as users launch it, its output in a log file; every wait is bounded and
@@ -149,22 +176,15 @@ class WorkerProcess:
 
     def wait_serving(self, timeout_s: float = 240.0) -> None:
         """Until ``grpc.health.v1`` says SERVING for the engine service."""
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
-            stub: Any = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"exited {self.proc.returncode}:\n{self.tail()}")
-                try:
-                    reply = stub.Check(
-                        health_pb2.HealthCheckRequest(service=self.service), timeout=2
-                    )
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.25)
-        raise TimeoutError(f"not SERVING within {timeout_s}s:\n{self.tail()}")
+
+        def alive() -> str | None:
+            code = self.proc.poll()
+            return None if code is None else f"exited {code}:\n{self.tail()}"
+
+        try:
+            wait_serving(self.address, self.service, timeout_s=timeout_s, alive=alive)
+        except TimeoutError as err:
+            raise TimeoutError(f"not SERVING within {timeout_s}s:\n{self.tail()}") from err
 
     def stop(self, grace_s: float = 30.0) -> int:
         if self.proc.poll() is None:
