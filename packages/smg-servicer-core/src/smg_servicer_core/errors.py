@@ -38,6 +38,8 @@ from typing import Any, ClassVar, NoReturn, Protocol, TypeVar, cast
 import grpc
 import grpc.aio
 
+from smg_servicer_core.wire_guard import MalformedRequest
+
 logger = logging.getLogger(__name__)
 
 # Messages longer than this are cut before they reach the client.
@@ -191,7 +193,10 @@ def _code_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 def grpc_errors(method: _F) -> _F:
     """Decorate a servicer method (coroutine or async generator) so errors become statuses.
 
-    ``grpc.aio`` abort errors and cancellation pass through untouched. When the servicer has a
+    A request that did not parse (a :class:`~smg_servicer_core.wire_guard.MalformedRequest` from
+    :func:`~smg_servicer_core.wire_guard.tolerant_add`'s deserializer) is refused with
+    INVALID_ARGUMENT before the method runs. ``grpc.aio`` abort errors and cancellation pass
+    through untouched. When the servicer has a
     ``metrics`` observer (not None), every call reports its messages and final status code to it;
     without one the wrapper adds nothing to the call.
     """
@@ -213,6 +218,8 @@ def _stream_wrapper(
         observer: _Observer | None = getattr(self, "metrics", None)
         if observer is None:
             try:
+                if type(request) is MalformedRequest:
+                    raise InvalidRequest(request.message)
                 async for item in method(self, request, context):
                     yield item
             except grpc.aio.AbortError:
@@ -224,6 +231,8 @@ def _stream_wrapper(
         message = call.message
         code = "OK"
         try:
+            if type(request) is MalformedRequest:
+                raise InvalidRequest(request.message)
             async for item in method(self, request, context):
                 message(item)
                 yield item
@@ -251,6 +260,8 @@ def _unary_wrapper(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
         call = observer.call(name) if observer is not None else None
         code = "OK"
         try:
+            if type(request) is MalformedRequest:
+                raise InvalidRequest(request.message)
             return await method(self, request, context)
         except grpc.aio.AbortError:
             code = _code_name(context)

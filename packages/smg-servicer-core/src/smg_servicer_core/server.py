@@ -33,6 +33,7 @@ from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.gcheap import freeze_startup_heap
 from smg_servicer_core.health import HEALTH_SERVICE_NAME, HealthFrame
+from smg_servicer_core.wire_guard import tolerant_add
 
 if TYPE_CHECKING:
     from smg_servicer_core.metrics import MetricsServer
@@ -112,8 +113,10 @@ class ServiceBinding:
 def bind_servicer(
     full_name: str, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: object
 ) -> ServiceBinding:
-    """The binding for ``servicer`` with the generated ``add_<Service>Servicer_to_server``."""
-    return ServiceBinding(full_name, lambda server: add_to_server(servicer, server))
+    """The binding for ``servicer`` with the generated ``add_<Service>Servicer_to_server``, its
+    request parsing made tolerant (:mod:`smg_servicer_core.wire_guard`)."""
+    add = tolerant_add(add_to_server)
+    return ServiceBinding(full_name, lambda server: add(servicer, server))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from typing import Any
 from smg_servicer_core.cli import metrics_settings
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.proto import vllm_engine_pb2_grpc
+from smg_servicer_core.wire_guard import tolerant_add
 from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
 
 LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
@@ -104,8 +106,20 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return parse_known_args
 
 
+def guard_wire() -> None:
+    """vLLM's launcher registers our servicer with the generated
+    ``add_VllmEngineServicer_to_server`` on a server it builds itself: make that function's
+    request parsing tolerant, so bytes that are not a request get INVALID_ARGUMENT from the
+    servicer instead of grpcio's UNKNOWN with the parser's text
+    (:mod:`smg_servicer_core.wire_guard`). Idempotent."""
+    module: Any = vllm_engine_pb2_grpc
+    module.add_VllmEngineServicer_to_server = tolerant_add(module.add_VllmEngineServicer_to_server)
+
+
 def register() -> None:
-    """The entry point vLLM calls (possibly several times per process): wrap the parser once."""
+    """The entry point vLLM calls (possibly several times per process): wrap the parser once and
+    guard the wire (:func:`guard_wire`)."""
+    guard_wire()
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415 - vLLM calls us
     except ImportError:  # a vLLM without it has no gRPC launcher we serve

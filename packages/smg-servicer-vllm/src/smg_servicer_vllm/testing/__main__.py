@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.server import ExternalEngine, ServerOptions, ServiceBinding, serve
+from smg_servicer_core.wire_guard import tolerant_add
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
 
@@ -23,7 +25,8 @@ async def _main(args: argparse.Namespace) -> int:
     servicer = VllmEngineServicer(FakeAsyncLLM(token_delay_s=args.token_delay_ms / 1000), 0.0)
 
     def register(server: object) -> None:
-        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)  # pyright: ignore[reportUnknownMemberType]
+        add: Any = vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        tolerant_add(add)(servicer, server)
 
     def announce(port: int) -> None:
         if args.port_file is not None:

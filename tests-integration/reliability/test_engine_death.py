@@ -1,0 +1,102 @@
+"""Engine death under load: the engine's own process (vLLM's EngineCore, SGLang's scheduler,
+TokenSpeed's scheduler) is SIGKILLed while eight streams are in flight. Every stream ends with
+UNAVAILABLE within 1 s, health says NOT_SERVING, the worker exits 1 and leaves no process behind.
+
+MLX has no engine process (it generates in the servicer's own process), so its engine's death is
+the process's: SIGKILL the worker; the streams must still end UNAVAILABLE at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from smg_it.reliability import ENGINES, Target, engine_processes, record, running, service_name
+from smg_servicer_core.testing.requests import Wire
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+STREAMS = 8
+DETECTION_BOUND_S = 1.0
+
+
+async def _stream(
+    target: Target, stub: object, index: int, started: asyncio.Event, count: list[int]
+) -> tuple[str, float]:
+    request = target.request([1, 2, 3, index + 4], max_tokens=900, stream=True, ignore_eos=True)
+    call = stub.Generate(request, timeout=120)  # type: ignore[attr-defined]
+    try:
+        first = True
+        while await call.read() is not grpc.aio.EOF:
+            if first:
+                first = False
+                count[0] += 1
+                if count[0] == STREAMS:
+                    started.set()
+        return "OK", time.monotonic()
+    except grpc.aio.AioRpcError as err:
+        return err.code().name, time.monotonic()
+
+
+async def _health(target: Target) -> str:
+    """What a probe sees right after the streams ended."""
+    async with grpc.aio.insecure_channel(target.address) as channel:
+        try:
+            stub: Any = health_pb2_grpc.HealthStub(channel)  # pyright: ignore[reportUnknownMemberType]
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service_name(target.engine)), timeout=5
+            )
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.aio.AioRpcError as err:
+            return err.code().name
+
+
+@pytest.mark.parametrize("victim", ENGINES)
+async def test_engine_death_ends_every_stream_at_once(victim: Wire, tiny_model: Path) -> None:
+    with running(victim, tiny_model) as target:
+        root = psutil.Process(target.pid)
+        everything = [root, *root.children(recursive=True)]
+        engine = engine_processes(victim, target.pid)
+        assert victim == "mlx" or engine, f"no {victim} engine process under {target.pid}"
+        started = asyncio.Event()
+        count = [0]
+        async with grpc.aio.insecure_channel(target.address) as channel:
+            stub = target.stub(channel)
+            tasks = [
+                asyncio.create_task(_stream(target, stub, i, started, count))
+                for i in range(STREAMS)
+            ]
+            await asyncio.wait_for(started.wait(), 60)
+            killed_at = time.monotonic()
+            for proc in engine or [root]:
+                proc.send_signal(signal.SIGKILL)
+            endings = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        health = await _health(target)
+        assert target.worker.proc is not None
+        code = target.worker.proc.wait(30)
+        _, alive = psutil.wait_procs(everything, timeout=15)
+        detection = max(at for _, at in endings) - killed_at
+        record(
+            victim,
+            death_detection_s=round(detection, 3),
+            death_codes=sorted({c for c, _ in endings}),
+            death_health=health,
+            death_exit=code,
+            death_left=len(alive),
+        )
+    assert {c for c, _ in endings} == {"UNAVAILABLE"}, endings
+    assert detection <= DETECTION_BOUND_S, f"the streams ended {detection:.2f}s after the kill"
+    assert health in ("NOT_SERVING", "UNAVAILABLE"), health
+    assert code == (-signal.SIGKILL if victim == "mlx" else 1), target.worker.log.read_text()[
+        -3000:
+    ]
+    assert not alive, f"left running: {[p.pid for p in alive]}"

@@ -1,0 +1,243 @@
+"""What the reliability suite (``tests-integration/reliability/``) shares: a worker per engine with
+``/metrics`` on, a gRPC client that speaks every wire, the engine's own processes, and the figures
+file that ``tools/reliability_report.py`` turns into a table.
+
+Every engine is the real one: MLX in the servicer's process, vLLM CPU behind its own gRPC
+launcher, SGLang CPU behind ``sglang serve --smg-grpc-mode`` and TokenSpeed's real front end with
+the scheduler stand-in (:mod:`smg_servicer_tokenspeed.testing.scheduler`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from smg_it.harness import (
+    Worker,
+    free_port,
+    mlx_worker,
+    sglang_worker,
+    tokenspeed_worker,
+    vllm_worker,
+)
+from smg_servicer_core.proto import (
+    mlx_engine_pb2,
+    mlx_engine_pb2_grpc,
+    sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
+    tokenspeed_scheduler_pb2,
+    tokenspeed_scheduler_pb2_grpc,
+    vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
+)
+from smg_servicer_core.testing.metrics import scrape, value
+from smg_servicer_core.testing.requests import Wire, generate_request
+
+ENGINES: tuple[Wire, ...] = ("mlx", "vllm", "sglang", "tokenspeed")
+
+#: wire -> (message module, stub class, the service's full name)
+WIRE_API: dict[str, tuple[Any, Any, str]] = {
+    "mlx": (mlx_engine_pb2, mlx_engine_pb2_grpc.MlxEngineStub, "mlx.grpc.engine.MlxEngine"),  # pyright: ignore[reportUnknownMemberType]
+    "vllm": (vllm_engine_pb2, vllm_engine_pb2_grpc.VllmEngineStub, "vllm.grpc.engine.VllmEngine"),  # pyright: ignore[reportUnknownMemberType]
+    "sglang": (
+        sglang_scheduler_pb2,
+        sglang_scheduler_pb2_grpc.SglangSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+        "sglang.grpc.scheduler.SglangScheduler",
+    ),
+    "tokenspeed": (
+        tokenspeed_scheduler_pb2,
+        tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+        "tokenspeed.grpc.scheduler.TokenSpeedScheduler",
+    ),
+}
+
+#: The answers a request the client got wrong may get: each names the client's fault.
+CLIENT_FAULT = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+#: A traceback in a worker's log: what an unhandled error leaves behind.
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
+
+#: The reference request every check ends with: greedy, eight tokens, the same prompt.
+REFERENCE_PROMPT = (1, 2, 3, 4, 5)
+REFERENCE_TOKENS = 8
+
+
+def service_name(wire: str) -> str:
+    return WIRE_API[wire][2]
+
+
+def _worker_command(engine: Wire, model: Path, port: int, metrics_port: int) -> Worker:
+    metrics = ("--metrics-port", str(metrics_port))
+    if engine == "mlx":
+        return mlx_worker(model, port, *metrics)
+    if engine == "vllm":
+        return vllm_worker(model, port, *metrics)
+    if engine == "sglang":
+        worker = sglang_worker(model, port)
+        worker.env["SMG_SGLANG_SERVICER_METRICS_PORT"] = str(metrics_port)
+        return worker
+    return tokenspeed_worker(model, port, *metrics)
+
+
+@dataclass
+class Target:
+    """One running worker of ``engine``, its metrics port and what its model allows."""
+
+    engine: Wire
+    worker: Worker
+    metrics_port: int
+    vocab_size: int = 0
+    context_length: int = 0
+    reference: tuple[int, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.worker.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.worker.proc is not None
+        return self.worker.proc.pid
+
+    @property
+    def pb(self) -> Any:
+        return WIRE_API[self.engine][0]
+
+    def stub(self, channel: Any) -> Any:
+        return WIRE_API[self.engine][1](channel)
+
+    def request(self, prompt: Sequence[int], **kwargs: Any) -> Any:
+        return generate_request(self.engine, prompt, **kwargs)
+
+    def abort_request(self, request_id: str) -> Any:
+        if self.engine in ("mlx", "vllm"):
+            return self.pb.AbortRequest(request_ids=[request_id])
+        return self.pb.AbortRequest(request_id=request_id, reason="reliability")
+
+    def wait_healthy(self, timeout_s: float = 240.0) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = self.stub(channel)
+            deadline = time.monotonic() + timeout_s
+            last: object = None
+            while time.monotonic() < deadline:
+                try:
+                    if stub.HealthCheck(self.pb.HealthCheckRequest(), timeout=5).healthy:
+                        return
+                except grpc.RpcError as err:
+                    last = err
+                time.sleep(0.2)
+        raise TimeoutError(
+            f"{self.engine} worker not healthy: {last}\n{self.worker.log.read_text()[-3000:]}"
+        )
+
+    def learn(self) -> None:
+        """The model's limits and the reference tokens (greedy, from this worker)."""
+        with grpc.insecure_channel(self.address) as channel:
+            stub = self.stub(channel)
+            info = stub.GetModelInfo(self.pb.GetModelInfoRequest(), timeout=30)
+            self.vocab_size = int(info.vocab_size)
+            self.context_length = int(info.max_context_length)
+            self.reference = self.generate_reference(stub)
+
+    def generate_reference(self, stub: Any) -> tuple[int, ...]:
+        request = self.request(
+            REFERENCE_PROMPT, max_tokens=REFERENCE_TOKENS, temperature=0.0, ignore_eos=True
+        )
+        complete = None
+        for message in stub.Generate(request, timeout=60):
+            if message.HasField("complete"):
+                complete = message.complete
+        assert complete is not None, "no complete message"
+        return tuple(complete.output_ids)
+
+    def in_flight(self) -> tuple[float, float]:
+        """(requests the servicer tracks, requests the engine holds) from ``/metrics``."""
+        samples = scrape(self.metrics_port)
+        servicer = value(samples, "smg_servicer_generate_streams_in_flight")
+        engine = value(samples, "smg_servicer_engine_running_requests") + value(
+            samples, "smg_servicer_engine_waiting_requests"
+        )
+        return servicer, engine
+
+    def active_requests(self) -> int:
+        with grpc.insecure_channel(self.address) as channel:
+            info = self.stub(channel).GetServerInfo(self.pb.GetServerInfoRequest(), timeout=30)
+            return int(info.active_requests)
+
+    def tree_rss(self) -> int:
+        root = psutil.Process(self.pid)
+        total = 0
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def tracebacks(self) -> list[str]:
+        text = self.worker.log.read_text(errors="replace")
+        return [text[m.start() : m.start() + 1500] for m in TRACEBACK.finditer(text)]
+
+
+@contextmanager
+def running(engine: Wire, model: Path) -> Iterator[Target]:
+    """A worker of ``engine`` on the tiny model, healthy, its limits and reference learnt."""
+    port = free_port(below=55536) if engine == "sglang" else free_port()
+    metrics_port = free_port(below=55536)
+    worker = _worker_command(engine, model, port, metrics_port)
+    with worker:
+        target = Target(engine, worker, metrics_port)
+        target.wait_healthy()
+        target.learn()
+        yield target
+
+
+def engine_processes(engine: Wire, pid: int) -> list[psutil.Process]:
+    """The engine's own processes under the worker ``pid`` (none for MLX: it runs in-process)."""
+    patterns = {
+        "vllm": ("EngineCore",),
+        "sglang": ("sglang::scheduler", "schedul"),
+        "tokenspeed": ("scheduler",),
+    }.get(engine, ())
+    found: list[psutil.Process] = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            text = " ".join([child.name(), *child.cmdline()])
+        except psutil.NoSuchProcess:
+            continue
+        if any(p in text for p in patterns):
+            found.append(child)
+    return found
+
+
+def figures_path() -> Path:
+    default = Path(__file__).resolve().parents[2] / ".cache" / "reliability" / "figures.json"
+    return Path(os.environ.get("SMG_RELIABILITY_FIGURES", default))
+
+
+def record(engine: str, **figures: Any) -> None:
+    """Merge ``figures`` into this engine's entry of the figures file."""
+    path = figures_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault(engine, {}).update(figures)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
