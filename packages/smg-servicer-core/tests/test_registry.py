@@ -5,7 +5,8 @@ from collections import Counter
 
 import pytest
 
-from smg_servicer_core.errors import AlreadyExists, InvalidRequest
+from smg_servicer_core import registry as registry_module
+from smg_servicer_core.errors import Aborted, AlreadyExists, InvalidRequest
 from smg_servicer_core.registry import RequestRegistry
 
 
@@ -97,3 +98,36 @@ async def test_error_inside_aborts_the_engine_request() -> None:
         async with registry.track("r"):
             raise ValueError("x")
     assert engine.aborts == Counter({"r": 1})
+
+
+@pytest.mark.unit
+async def test_an_abort_that_overtakes_its_generate_refuses_it_on_arrival() -> None:
+    engine = CountingEngine()
+    registry = RequestRegistry(engine.abort)
+    assert not await registry.abort("early")
+    with pytest.raises(Aborted, match="request early was aborted before it arrived"):
+        async with registry.track("early"):
+            pass
+    assert not engine.aborts, "nothing reached the engine, so nothing is aborted there"
+    async with registry.track("early"):  # remembered once: the id may be used again
+        pass
+    assert len(registry) == 0
+
+
+@pytest.mark.unit
+async def test_early_aborts_are_forgotten_after_their_time_and_past_the_bound(monkeypatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(registry_module.time, "monotonic", lambda: now[0])
+    registry = RequestRegistry(CountingEngine().abort)
+    await registry.abort("old")
+    now[0] += registry_module.EARLY_ABORT_MEMORY_S + 0.1
+    async with registry.track("old"):  # its abort expired
+        pass
+    for i in range(registry_module.EARLY_ABORT_MEMORY + 5):
+        await registry.abort(f"x{i}")
+    assert len(registry._early) == registry_module.EARLY_ABORT_MEMORY
+    async with registry.track("x0"):  # the oldest were forgotten first
+        pass
+    with pytest.raises(Aborted):
+        async with registry.track(f"x{registry_module.EARLY_ABORT_MEMORY + 4}"):
+            pass

@@ -11,27 +11,40 @@ A ``Generate`` call tracks its request for as long as it runs::
 Three things can stop a request early: an ``Abort`` RPC (:meth:`RequestRegistry.abort`), the
 client cancelling the call, or an error while streaming. Each of them ends in the same place,
 :meth:`RequestHandle.stop`, which calls the engine's abort at most once. A request that finished
-normally is never aborted in the engine. ``Abort`` for an unknown or finished id is a no-op, and
-aborting twice is harmless. Each engine abort is reported once to ``on_stop`` with its cause
+normally is never aborted in the engine. Aborting twice is harmless. ``Abort`` for an id that is
+not in flight stops nothing, but the id is remembered for :data:`EARLY_ABORT_MEMORY_S`: the router
+sends ``Abort`` on its own stream, which can overtake the ``Generate`` it is about, and that
+``Generate`` is then refused with ABORTED on arrival instead of running to its end for nobody (the
+reliability suite's cancel storm found such requests on every engine). Each engine abort is reported once to ``on_stop`` with its cause
 (``abort_rpc``, ``client_cancel``, ``error``, or ``shutdown`` when the server is draining), which
 is what the metrics count.
 
 Invariants:
 - ``len(registry)`` (``active_requests``) counts exactly the requests inside ``track``;
 - the engine abort callback runs at most once per tracked request, and never after a normal finish;
-- a request id can be tracked once at a time (a second ``track`` raises :class:`AlreadyExists`).
+- a request id can be tracked once at a time (a second ``track`` raises :class:`AlreadyExists`);
+- at most :data:`EARLY_ABORT_MEMORY` early aborts are remembered, each for
+  :data:`EARLY_ABORT_MEMORY_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from smg_servicer_core.errors import AlreadyExists, InvalidRequest
+from smg_servicer_core.errors import Aborted, AlreadyExists, InvalidRequest
 
 logger = logging.getLogger(__name__)
+
+#: How long an ``Abort`` for an id not in flight is remembered (the race it covers is
+#: milliseconds; a queue of calls not yet dispatched can stretch it to seconds).
+EARLY_ABORT_MEMORY_S = 10.0
+#: The most early aborts remembered at once (the oldest is forgotten first).
+EARLY_ABORT_MEMORY = 4096
 
 EngineAbort = Callable[[str], Awaitable[None]]
 StopHook = Callable[[str], None]
@@ -101,6 +114,8 @@ class RequestRegistry:
         #: Called with the cause of every engine abort (metrics); may be set later.
         self.on_stop = on_stop
         self._shutting_down = shutting_down or (lambda: False)
+        #: Aborted ids that were not in flight -> when that abort expires (monotonic).
+        self._early: OrderedDict[str, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._active)
@@ -117,6 +132,8 @@ class RequestRegistry:
             raise InvalidRequest("request_id must not be empty")
         if request_id in self._active:
             raise AlreadyExists(f"request {request_id} is already in flight")
+        if self._early and self._take_early(request_id):
+            raise Aborted(f"request {request_id} was aborted before it arrived")
         handle = RequestHandle(request_id, self._engine_abort, self.on_stop)
         self._active[request_id] = handle
         try:
@@ -137,8 +154,22 @@ class RequestRegistry:
         """Stop ``request_id`` if it is in flight. True if this call issued the engine abort."""
         handle = self._active.get(request_id)
         if handle is None:
+            if request_id:
+                self._remember_early(request_id)
             return False
         return await handle.stop(reason)
+
+    def _remember_early(self, request_id: str) -> None:
+        now = time.monotonic()
+        early = self._early
+        early[request_id] = now + EARLY_ABORT_MEMORY_S
+        early.move_to_end(request_id)
+        while early and (len(early) > EARLY_ABORT_MEMORY or next(iter(early.values())) < now):
+            early.popitem(last=False)
+
+    def _take_early(self, request_id: str) -> bool:
+        expires = self._early.pop(request_id, None)
+        return expires is not None and expires >= time.monotonic()
 
     async def abort_many(self, request_ids: list[str], reason: str = "aborted by request") -> int:
         issued = 0
