@@ -15,9 +15,9 @@ normally is never aborted in the engine. Aborting twice is harmless. ``Abort`` f
 not in flight stops nothing, but the id is remembered for :data:`EARLY_ABORT_MEMORY_S`: the router
 sends ``Abort`` on its own stream, which can overtake the ``Generate`` it is about, and that
 ``Generate`` is then refused with ABORTED on arrival instead of running to its end for nobody (the
-reliability suite's cancel storm found such requests on every engine). Each engine abort is reported once to ``on_stop`` with its cause
-(``abort_rpc``, ``client_cancel``, ``error``, or ``shutdown`` when the server is draining), which
-is what the metrics count.
+reliability suite's cancel storm found such requests). Each engine abort is reported once to
+``on_stop`` with its cause (``abort_rpc``, ``client_cancel``, ``error``, or ``shutdown`` when the
+server is draining), which is what the metrics count.
 
 Invariants:
 - ``len(registry)`` (``active_requests``) counts exactly the requests inside ``track``;
