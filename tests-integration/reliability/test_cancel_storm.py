@@ -79,24 +79,14 @@ async def storm(target: Target, requests: int, seed: int) -> Counter[tuple[str, 
     return outcomes
 
 
-def wait_idle(target: Target, timeout_s: float = 30.0) -> tuple[float, float, int]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        servicer, engine = target.in_flight()
-        active = target.active_requests()
-        if (servicer, engine, active) == (0, 0, 0) or time.monotonic() > deadline:
-            return servicer, engine, active
-        time.sleep(0.2)
-
-
 async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     await storm(shared, 64, SEED + 1)  # warm every path first: RSS is compared after this
-    assert wait_idle(shared) == (0, 0, 0)
+    assert shared.wait_idle() == (0, 0, 0)
     rss_before = shared.tree_rss()
     started = time.monotonic()
     outcomes = await storm(shared, REQUESTS, SEED)
     storm_s = time.monotonic() - started
-    servicer, engine, active = wait_idle(shared)
+    servicer, engine, active = shared.wait_idle()
     rss_after = shared.tree_rss()
     tracebacks = shared.tracebacks()
     bad = {k: v for k, v in outcomes.items() if k[1] not in ENDINGS}

@@ -178,6 +178,17 @@ class Target:
         )
         return servicer, engine
 
+    def wait_idle(self, timeout_s: float = 30.0) -> tuple[float, float, int]:
+        """(servicer, engine, ``active_requests``) once all three are 0, or as they are when
+        ``timeout_s`` runs out (an engine finishes its abort a step later)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            servicer, engine = self.in_flight()
+            active = self.active_requests()
+            if (servicer, engine, active) == (0, 0, 0) or time.monotonic() > deadline:
+                return servicer, engine, active
+            time.sleep(0.2)
+
     def active_requests(self) -> int:
         with grpc.insecure_channel(self.address) as channel:
             info = self.stub(channel).GetServerInfo(self.pb.GetServerInfoRequest(), timeout=30)

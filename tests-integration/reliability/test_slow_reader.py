@@ -1,0 +1,129 @@
+"""A slow reader: one client reads its stream at 1 message/s for 30 s (``SMG_SLOW_READER_S``) while
+16 others stream at full speed. The others' throughput and inter-chunk p99 stay within 10 % of a
+run without it (the runs without it are taken before and after, and averaged), and the worker's
+memory stays bounded.
+
+The bound, and how it holds: a stream nobody reads stops the servicer's generator at its next
+``yield`` once gRPC's flow-control window (64 KiB per stream) is full. The engine keeps generating
+that request to its ``max_tokens``, so what waits is at most ``max_tokens`` outputs in the
+request's own queue (vLLM's output collector merges them into one; MLX, SGLang and TokenSpeed
+queue one entry per step), bounded by the context length. The slow request here asks for the
+whole context; the RSS growth of the worker's process tree is recorded and must stay under
+:data:`RSS_BOUND`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+import pytest
+
+from smg_it.reliability import Target, record
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+SLOW_S = float(os.environ.get("SMG_SLOW_READER_S", "30"))
+BASELINE_S = SLOW_S / 3
+FAST = 16
+FAST_TOKENS = 128
+#: Impact allowed on the fast streams (throughput down, inter-chunk p99 up).
+IMPACT_BOUND = 0.10
+RSS_BOUND = 64 << 20
+
+
+@dataclass
+class Load:
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list[float])
+    errors: int = 0
+
+    def p99(self) -> float:
+        return statistics.quantiles(self.gaps, n=100, method="inclusive")[98]
+
+
+async def fast_load(target: Target, stub: object, seconds: float) -> tuple[Load, float]:
+    load = Load()
+    stop_at = time.monotonic() + seconds
+
+    async def client(index: int) -> None:
+        n = 0
+        while time.monotonic() < stop_at:
+            n += 1
+            request = target.request(
+                [1, 2, index + 3, n % 50 + 4], max_tokens=FAST_TOKENS, stream=True, ignore_eos=True
+            )
+            last = None
+            try:
+                async for message in stub.Generate(request, timeout=120):  # type: ignore[attr-defined]
+                    now = time.perf_counter()
+                    if message.HasField("chunk") and message.chunk.token_ids:
+                        load.tokens += len(message.chunk.token_ids)
+                        if last is not None:
+                            load.gaps.append(now - last)
+                        last = now
+            except grpc.aio.AioRpcError:
+                load.errors += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(FAST)))
+    return load, time.monotonic() - started
+
+
+async def slow_reader(target: Target, stub: object, seconds: float) -> int:
+    """Reads one message a second; cancels its call at the end (a client that gave up)."""
+    request = target.request(
+        [7, 8, 9], max_tokens=target.context_length - 8, stream=True, ignore_eos=True
+    )
+    call = stub.Generate(request, timeout=seconds + 120)  # type: ignore[attr-defined]
+    read = 0
+    stop_at = time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        if await call.read() is grpc.aio.EOF:
+            break
+        read += 1
+        await asyncio.sleep(1.0)
+    call.cancel()
+    return read
+
+
+async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
+    async with (
+        grpc.aio.insecure_channel(shared.address) as fast_channel,
+        grpc.aio.insecure_channel(shared.address) as slow_channel,
+    ):
+        fast, slow = shared.stub(fast_channel), shared.stub(slow_channel)
+        await fast_load(shared, fast, 2)  # warm-up
+        before, before_s = await fast_load(shared, fast, BASELINE_S)
+        rss_before = shared.tree_rss()
+        reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S))
+        with_slow, with_slow_s = await fast_load(shared, fast, SLOW_S)
+        rss_during = shared.tree_rss()
+        read = await reader
+        after, after_s = await fast_load(shared, fast, BASELINE_S)
+    base_rate = (before.tokens + after.tokens) / (before_s + after_s)
+    base_p99 = (before.p99() + after.p99()) / 2
+    rate_ratio = (with_slow.tokens / with_slow_s) / base_rate
+    p99_ratio = with_slow.p99() / base_p99
+    rss_growth = rss_during - rss_before
+    record(
+        shared.engine,
+        slow_reader_s=SLOW_S,
+        slow_reader_read=read,
+        slow_throughput_ratio=round(rate_ratio, 3),
+        slow_itl_p99_ratio=round(p99_ratio, 3),
+        slow_itl_p99_ms=round(with_slow.p99() * 1000, 2),
+        slow_base_itl_p99_ms=round(base_p99 * 1000, 2),
+        slow_rss_growth_mb=round(rss_growth / 2**20, 1),
+    )
+    assert before.errors == with_slow.errors == after.errors == 0
+    assert read >= SLOW_S * 0.8, f"the slow reader read {read} messages in {SLOW_S}s"
+    assert rate_ratio >= 1 - IMPACT_BOUND, f"throughput ratio {rate_ratio:.3f}"
+    assert p99_ratio <= 1 + IMPACT_BOUND, f"inter-chunk p99 ratio {p99_ratio:.3f}"
+    assert rss_growth <= RSS_BOUND, f"RSS grew {rss_growth >> 20} MiB"
+    assert shared.wait_idle() == (0, 0, 0)
