@@ -27,6 +27,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 STREAMS = 8
 DETECTION_BOUND_S = 1.0
+#: The exit status after the engine's death. MLX: the kill itself. vLLM: its own gRPC launcher
+#: exits 0 after any stop (it waits for a signal and returns from ``main``); our servicer's death
+#: watch stops it within a second of the engine's death, but cannot choose its status.
+EXIT = {"mlx": -signal.SIGKILL, "vllm": 0, "sglang": 1, "tokenspeed": 1}
 
 
 async def _stream(
@@ -81,22 +85,19 @@ async def test_engine_death_ends_every_stream_at_once(victim: Wire, tiny_model: 
                 proc.send_signal(signal.SIGKILL)
             endings = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         health = await _health(target)
-        assert target.worker.proc is not None
-        code = target.worker.proc.wait(30)
-        _, alive = psutil.wait_procs(everything, timeout=15)
         detection = max(at for _, at in endings) - killed_at
         record(
             victim,
             death_detection_s=round(detection, 3),
             death_codes=sorted({c for c, _ in endings}),
             death_health=health,
-            death_exit=code,
-            death_left=len(alive),
         )
+        assert target.worker.proc is not None
+        code = target.worker.proc.wait(30)
+        _, alive = psutil.wait_procs(everything, timeout=15)
+        record(victim, death_exit=code, death_left=len(alive))
     assert {c for c, _ in endings} == {"UNAVAILABLE"}, endings
     assert detection <= DETECTION_BOUND_S, f"the streams ended {detection:.2f}s after the kill"
     assert health in ("NOT_SERVING", "UNAVAILABLE"), health
-    assert code == (-signal.SIGKILL if victim == "mlx" else 1), target.worker.log.read_text()[
-        -3000:
-    ]
+    assert code == EXIT[victim], target.worker.log.read_text()[-3000:]
     assert not alive, f"left running: {[p.pid for p in alive]}"

@@ -9,8 +9,6 @@ the scheduler stand-in (:mod:`smg_servicer_tokenspeed.testing.scheduler`).
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -40,10 +38,13 @@ from smg_servicer_core.proto import (
     vllm_engine_pb2,
     vllm_engine_pb2_grpc,
 )
+from smg_servicer_core.testing.figures import record
 from smg_servicer_core.testing.metrics import scrape, value
 from smg_servicer_core.testing.requests import Wire, generate_request
 
 ENGINES: tuple[Wire, ...] = ("mlx", "vllm", "sglang", "tokenspeed")
+
+__all__ = ["ENGINES", "Target", "engine_processes", "record", "running", "service_name"]
 
 #: wire -> (message module, stub class, the service's full name)
 WIRE_API: dict[str, tuple[Any, Any, str]] = {
@@ -227,7 +228,8 @@ def engine_processes(engine: Wire, pid: int) -> list[psutil.Process]:
     patterns = {
         "vllm": ("EngineCore",),
         "sglang": ("sglang::scheduler", "schedul"),
-        "tokenspeed": ("scheduler",),
+        # TokenSpeed's scheduler rank is a multiprocessing spawn child (not its resource tracker).
+        "tokenspeed": ("spawn_main",),
     }.get(engine, ())
     found: list[psutil.Process] = []
     for child in psutil.Process(pid).children(recursive=True):
@@ -238,17 +240,3 @@ def engine_processes(engine: Wire, pid: int) -> list[psutil.Process]:
         if any(p in text for p in patterns):
             found.append(child)
     return found
-
-
-def figures_path() -> Path:
-    default = Path(__file__).resolve().parents[2] / ".cache" / "reliability" / "figures.json"
-    return Path(os.environ.get("SMG_RELIABILITY_FIGURES", default))
-
-
-def record(engine: str, **figures: Any) -> None:
-    """Merge ``figures`` into this engine's entry of the figures file."""
-    path = figures_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
-    data.setdefault(engine, {}).update(figures)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))

@@ -4,6 +4,8 @@ scheduler cannot be made to show on demand. The engine tests cover the same RPCs
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +18,16 @@ from fake_scheduler import FakeScheduler, port_args, token_output
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import RunningServer, running_server
+from smg_servicer_core.testing.figures import record
 from smg_servicer_core.testing.health import (
     assert_health_follows_probe,
     assert_not_serving_from_shutdown,
 )
+from smg_servicer_kv_bridge.testing import EXPECTED, ScriptedPublisher, kv_fault_outcomes
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import server as server_mod
 from smg_servicer_sglang.request_manager import RequestManager
@@ -60,11 +65,12 @@ class _Config:
     preferred_sampling_params = None
     served_model_name = "fake"
     weight_version = "default"
-    kv_events_config = None
+    kv_events_config: str | None = None
 
 
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
+@contextlib.asynccontextmanager
+async def make_stack(config: Any = None) -> AsyncIterator[Stack]:
+    """The servicer over a scripted scheduler, served on a real port, warmed up."""
     args = port_args()
     manager = RequestManager(args, stall_after_s=1.0)
     scheduler = FakeScheduler(args)
@@ -74,7 +80,7 @@ async def stack() -> AsyncIterator[Stack]:
     servicer = SglangServicer(
         manager,
         server_args=None,
-        config=_Config(),
+        config=config if config is not None else _Config(),
         scheduler_info={"max_total_num_tokens": 1000},
         facts=FACTS,
         health=health,
@@ -100,6 +106,12 @@ async def stack() -> AsyncIterator[Stack]:
             await asyncio.sleep(0.05)
         yield built
     await scheduler.close()
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with make_stack() as built:
+        yield built
 
 
 def gen(rid: str, stream: bool = True) -> pb.GenerateRequest:
@@ -344,3 +356,27 @@ async def test_client_cancel_of_n2_aborts_every_member(stack: Stack) -> None:
     (prefix,) = await _sent(stack, 1)  # phase 1: the shared prefill, held by the scheduler
     call.cancel()
     assert prefix.rid in await _aborted_rids(stack, {prefix.rid})
+
+
+async def test_kv_events_under_faults() -> None:
+    """The reliability suite's KV faults (the publisher killed and restarted, a silent replay,
+    a gap) through this servicer: a scripted publisher on SGLang's wire stands in for the
+    scheduler's (``test_kv_events.py`` relays the real one)."""
+    async with ScriptedPublisher(style="sglang") as publisher:
+        config = _Config()
+        config.kv_events_config = json.dumps(
+            {
+                "publisher": "zmq",
+                "endpoint": publisher.endpoint,
+                "replay_endpoint": publisher.replay_endpoint,
+            }
+        )
+        async with make_stack(config) as built:
+
+            def open_stream(start: int) -> object:
+                request = common_pb2.SubscribeKvEventsRequest(start_sequence_number=start)
+                return built.stub.SubscribeKvEvents(request)
+
+            outcomes = await kv_fault_outcomes(open_stream, publisher)
+    record("sglang", kv_outcomes=outcomes)
+    assert outcomes == EXPECTED

@@ -15,8 +15,8 @@ The servicer process takes the tokenizer manager's role:
    (``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``, 30 s; sockets still open), fail what
    is left, stop the schedulers (SIGTERM, 2 s, SIGKILL), exit 0;
 6. a scheduler that exits (or signals a failure with SIGQUIT) ends the server with exit 1 within
-   about a second (core's watchdog); a scheduler that cannot start gives exit 1, an invalid
-   configuration exit 2 (core's ``ExitCode``);
+   a few tenths of a second (core's watchdog); a scheduler that cannot start gives exit 1, an
+   invalid configuration exit 2 (core's ``ExitCode``);
 7. ``/metrics`` when ``SMG_SGLANG_SERVICER_METRICS_PORT`` (or ``--metrics-port`` of
    ``python -m smg_servicer_sglang``) is set.
 """
@@ -48,6 +48,7 @@ from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
+from smg_servicer_core.watchdog import WATCH_INTERVAL_S as WATCHDOG_INTERVAL_S
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 WARMUP_ENV = "SMG_SGLANG_SERVICER_WARMUP"
 WARMUP = Setting("warmup", parse_bool, True, "one warm-up request before SERVING", env=WARMUP_ENV)
 WARMUP_TIMEOUT_S = 300.0
-WATCH_INTERVAL_S = 1.0
+WATCH_INTERVAL_S = WATCHDOG_INTERVAL_S
 SCHEDULER_STOP_S = 2.0
 
 ReadyCallback = Callable[[Any, Any, dict[str, Any]], Awaitable[None]]

@@ -10,7 +10,7 @@
    ``TOKENSPEED_SKIP_GRPC_WARMUP=1`` skip it); a failed warm-up stays NOT_SERVING, the reason in the
    log, and the process keeps running for an operator to look at;
 3. core's watchdog: a scheduler rank that exits, signals a failure (SIGQUIT) or a front-end loop
-   that fails ends the server with exit 1 within about a second, every rank stopped;
+   that fails ends the server with exit 1 within a few tenths of a second, every rank stopped;
 4. SIGTERM/SIGINT: NOT_SERVING, in-flight calls drain for up to ``--grace-period`` (30 s; the
    scheduler still running), what is left is cancelled, the ranks are stopped (SIGTERM, 2 s,
    SIGKILL, children included), exit 0;

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -69,6 +70,8 @@ _KV_OFF = (
 )
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 FLUSH_ATTEMPT_S = 30.0
+#: How often the launcher's death watch reads ``AsyncLLM.errored`` (a bool: nothing to pay).
+DEATH_POLL_S = 0.1
 PROFILE_TIMEOUT_S = 600.0
 TRACE_KEYS = ("traceparent", "tracestate")
 _METRICS = metrics_settings("vllm")
@@ -141,6 +144,21 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             self.multimodal.mode,
             mm_settings.source,
         )
+        self._death_watch: asyncio.Task[None] | None = None
+        if launch is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nobody to stop
+                self._death_watch = asyncio.get_running_loop().create_task(self._watch_engine())
+
+    async def _watch_engine(self) -> None:
+        """In vLLM's gRPC launcher: once the engine core is dead (``AsyncLLM.errored``, set by
+        vLLM's own process monitor), stop the process the way a SIGTERM does. The launcher waits
+        for a signal only, so without this a worker whose engine died kept its port open for
+        good, answering UNAVAILABLE (found by the reliability suite)."""
+        # vLLM's monitor thread sets a plain flag: there is no event to wait on.
+        while not getattr(self.engine, "errored", False):  # noqa: ASYNC110
+            await asyncio.sleep(DEATH_POLL_S)
+        logger.error("engine died: vLLM's engine core is not running; stopping the server")
+        signal.raise_signal(signal.SIGTERM)
 
     async def engine_abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

@@ -87,10 +87,7 @@ class ScriptedPublisher:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._stop_replay()
         self.pub.close(linger=0)
         if self.router is not None:
             self.router.close(linger=0)
@@ -123,6 +120,28 @@ class ScriptedPublisher:
         """The engine restarted: numbering starts over and history is gone."""
         self.history.clear()
         self.next_seq = 1
+
+    async def kill_and_restart(self) -> None:
+        """The engine process died and came back: both sockets closed, then bound again on the
+        same endpoints, numbering from 1 with no history (subscribers reconnect by themselves)."""
+        await self._stop_replay()
+        self.pub.close(linger=0)
+        self.pub = self.context.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.bind(self.endpoint)
+        if self.router is not None and self.replay_endpoint is not None:
+            self.router.close(linger=0)
+            self.router = self.context.socket(zmq.ROUTER)
+            self.router.bind(self.replay_endpoint)
+            self._task = asyncio.create_task(self._serve_replay())
+        self.restart()
+
+    async def _stop_replay(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
     async def _serve_replay(self) -> None:
         assert self.router is not None

@@ -1,5 +1,7 @@
-"""``python -m smg_servicer_vllm.testing --port P [--token-delay-ms D] [--port-file F]``:
-serve ``VllmEngineServicer`` over :class:`FakeAsyncLLM` (the servicer-cost benchmark's target).
+"""``python -m smg_servicer_vllm.testing --port P [--token-delay-ms D] [--port-file F]
+[--kv-endpoint E [--kv-replay-endpoint R]]``: serve ``VllmEngineServicer`` over
+:class:`FakeAsyncLLM` (the servicer-cost benchmark's target; with a KV-event publisher to relay,
+the reliability suite's KV faults).
 
 vLLM must be importable (the servicer builds vLLM's ``SamplingParams``), but no engine runs.
 """
@@ -22,7 +24,9 @@ async def _main(args: argparse.Namespace) -> int:
     from smg_servicer_vllm.servicer import SERVICE_NAME, VllmEngineServicer  # noqa: PLC0415
 
     configure_logging("warning")
-    servicer = VllmEngineServicer(FakeAsyncLLM(token_delay_s=args.token_delay_ms / 1000), 0.0)
+    kv_events = (args.kv_endpoint, args.kv_replay_endpoint) if args.kv_endpoint else None
+    engine = FakeAsyncLLM(token_delay_s=args.token_delay_ms / 1000, kv_events=kv_events)
+    servicer = VllmEngineServicer(engine, 0.0)
 
     def register(server: object) -> None:
         add: Any = vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
@@ -48,6 +52,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--port-file", type=Path, default=None)
+    parser.add_argument("--kv-endpoint", default=None, help="a KV-event publisher to relay")
+    parser.add_argument("--kv-replay-endpoint", default=None, help="its replay endpoint")
     args = parser.parse_args()
     run_main(lambda: _main(args), "smg-servicer-vllm-fake")
 

@@ -56,8 +56,15 @@ def _kind(params: Any) -> str:
 
 class FakeAsyncLLM:
     def __init__(
-        self, *, vocab_size: int = 4096, max_model_len: int = 2048, token_delay_s: float = 0.0
+        self,
+        *,
+        vocab_size: int = 4096,
+        max_model_len: int = 2048,
+        token_delay_s: float = 0.0,
+        kv_events: tuple[str, str | None] | None = None,
     ) -> None:
+        """``kv_events``: (endpoint, replay endpoint) of a ZMQ publisher to report as this
+        engine's KV-event publisher (a scripted one stands in for vLLM's)."""
         self.token_delay_s = token_delay_s
         self.errored = False
         #: ``(n, exc)``: raise ``exc`` from ``generate`` after ``n`` outputs (0: before any, as
@@ -89,6 +96,16 @@ class FakeAsyncLLM:
             cache_config=SimpleNamespace(block_size=16, num_gpu_blocks=1024, cache_dtype="auto"),
             scheduler_config=SimpleNamespace(max_num_seqs=256),
             parallel_config=SimpleNamespace(data_parallel_size=1),
+            kv_events_config=None
+            if kv_events is None
+            else SimpleNamespace(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=kv_events[0],
+                replay_endpoint=kv_events[1],
+                topic="",
+                hwm=100_000,
+            ),
         )
 
     async def check_health(self) -> None:
