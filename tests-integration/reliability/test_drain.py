@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,8 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smg_it.harness import Router
-from smg_it.reliability import ENGINES, Target, record, running, service_name
-from smg_servicer_core.testing.requests import Wire
+from smg_it.reliability import Target, record, service_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -80,9 +78,10 @@ def _stream(base: str, model: str, outcome: Outcome) -> None:
         outcome.first.set()
 
 
-@pytest.mark.parametrize("victim", ENGINES)
-def test_sigterm_under_load_loses_no_stream(victim: Wire, tiny_model: Path) -> None:
-    with running(victim, tiny_model) as target, Router(target.worker.url) as router:
+def test_sigterm_under_load_loses_no_stream(shared: Target) -> None:
+    """Ends the shared worker: the suite's conftest runs it last for each engine."""
+    target, victim = shared, shared.engine
+    with Router(target.worker.url) as router:
         model = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
         outcomes = [Outcome() for _ in range(STREAMS)]
         threads = [threading.Thread(target=_stream, args=(router.base, model, o)) for o in outcomes]

@@ -1,7 +1,8 @@
 """A slow reader: one client reads its stream at 1 message/s for 30 s (``SMG_SLOW_READER_S``) while
 16 others stream at full speed. The others' throughput and inter-chunk p99 stay within 10 % of a
-run without it (the runs without it are taken before and after, and averaged), and the worker's
-memory stays bounded.
+run without it, and the worker's memory stays bounded. The runs without it are taken just before
+and just after; the figures are against their mean, the check against the worse of the two (on a
+shared machine two runs without the slow reader already differ by several percent).
 
 The bound, and how it holds: a stream nobody reads stops the servicer's generator at its next
 ``yield`` once gRPC's flow-control window (64 KiB per stream) is full. The engine keeps generating
@@ -106,10 +107,11 @@ async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
         rss_during = shared.tree_rss()
         read = await reader
         after, after_s = await fast_load(shared, fast, BASELINE_S)
-    base_rate = (before.tokens + after.tokens) / (before_s + after_s)
-    base_p99 = (before.p99() + after.p99()) / 2
-    rate_ratio = (with_slow.tokens / with_slow_s) / base_rate
-    p99_ratio = with_slow.p99() / base_p99
+    rates = (before.tokens / before_s, after.tokens / after_s)
+    p99s = (before.p99(), after.p99())
+    rate = with_slow.tokens / with_slow_s
+    rate_ratio = rate / statistics.mean(rates)
+    p99_ratio = with_slow.p99() / statistics.mean(p99s)
     rss_growth = rss_during - rss_before
     record(
         shared.engine,
@@ -118,12 +120,13 @@ async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
         slow_throughput_ratio=round(rate_ratio, 3),
         slow_itl_p99_ratio=round(p99_ratio, 3),
         slow_itl_p99_ms=round(with_slow.p99() * 1000, 2),
-        slow_base_itl_p99_ms=round(base_p99 * 1000, 2),
+        slow_base_itl_p99_ms=round(statistics.mean(p99s) * 1000, 2),
+        slow_base_spread=round(max(rates) / min(rates) - 1, 3),
         slow_rss_growth_mb=round(rss_growth / 2**20, 1),
     )
     assert before.errors == with_slow.errors == after.errors == 0
     assert read >= SLOW_S * 0.8, f"the slow reader read {read} messages in {SLOW_S}s"
-    assert rate_ratio >= 1 - IMPACT_BOUND, f"throughput ratio {rate_ratio:.3f}"
-    assert p99_ratio <= 1 + IMPACT_BOUND, f"inter-chunk p99 ratio {p99_ratio:.3f}"
+    assert rate >= min(rates) * (1 - IMPACT_BOUND), f"throughput {rate:.0f} vs {rates}"
+    assert with_slow.p99() <= max(p99s) * (1 + IMPACT_BOUND), f"p99 {with_slow.p99()} vs {p99s}"
     assert rss_growth <= RSS_BOUND, f"RSS grew {rss_growth >> 20} MiB"
     assert shared.wait_idle() == (0, 0, 0)
