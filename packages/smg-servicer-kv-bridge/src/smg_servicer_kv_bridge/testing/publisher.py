@@ -126,15 +126,29 @@ class ScriptedPublisher:
         same endpoints, numbering from 1 with no history (subscribers reconnect by themselves)."""
         await self._stop_replay()
         self.pub.close(linger=0)
-        self.pub = self.context.socket(zmq.PUB)
+        self.pub = await self._rebind(zmq.PUB, self.endpoint)
         self.pub.setsockopt(zmq.SNDHWM, 0)
-        self.pub.bind(self.endpoint)
         if self.router is not None and self.replay_endpoint is not None:
             self.router.close(linger=0)
-            self.router = self.context.socket(zmq.ROUTER)
-            self.router.bind(self.replay_endpoint)
+            self.router = await self._rebind(zmq.ROUTER, self.replay_endpoint)
             self._task = asyncio.create_task(self._serve_replay())
         self.restart()
+
+    async def _rebind(self, kind: int, endpoint: str) -> zmq.asyncio.Socket:
+        """A new socket bound to ``endpoint``; ZMQ releases a closed socket's port in its I/O
+        thread, so the bind is retried for up to 5 s."""
+        for _ in range(100):
+            sock = self.context.socket(kind)
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                if exc.errno != zmq.EADDRINUSE:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            return sock
+        raise RuntimeError(f"{endpoint} stayed in use")
 
     async def _stop_replay(self) -> None:
         if self._task is not None:
