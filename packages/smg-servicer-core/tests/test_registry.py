@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 
 import pytest
@@ -118,7 +117,7 @@ async def test_an_abort_that_overtakes_its_generate_refuses_it_on_arrival() -> N
 @pytest.mark.unit
 async def test_early_aborts_are_forgotten_after_their_time_and_past_the_bound(monkeypatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(registry_module, "clock", lambda: now[0])
     registry = RequestRegistry(CountingEngine().abort)
     await registry.abort("old")
     now[0] += registry_module.EARLY_ABORT_MEMORY_S + 0.1

@@ -196,9 +196,9 @@ def grpc_errors(method: _F) -> _F:
     A request that did not parse (a :class:`~smg_servicer_core.wire_guard.MalformedRequest` from
     :func:`~smg_servicer_core.wire_guard.tolerant_add`'s deserializer) is refused with
     INVALID_ARGUMENT before the method runs. ``grpc.aio`` abort errors and cancellation pass
-    through untouched. When the servicer has a
-    ``metrics`` observer (not None), every call reports its messages and final status code to it;
-    without one the wrapper adds nothing to the call.
+    through untouched. When the servicer has a ``metrics`` observer (not None), every call
+    reports its messages and final status code to it; without one the wrapper adds nothing to
+    the call.
     """
     if inspect.isasyncgenfunction(method):
         return cast(_F, _stream_wrapper(cast(Callable[..., AsyncIterator[Any]], method)))

@@ -46,6 +46,9 @@ EARLY_ABORT_MEMORY_S = 10.0
 #: The most early aborts remembered at once (the oldest is forgotten first).
 EARLY_ABORT_MEMORY = 4096
 
+#: The clock early aborts expire by (a module attribute, so a test can move it).
+clock: Callable[[], float] = time.monotonic
+
 EngineAbort = Callable[[str], Awaitable[None]]
 StopHook = Callable[[str], None]
 
@@ -160,7 +163,7 @@ class RequestRegistry:
         return await handle.stop(reason)
 
     def _remember_early(self, request_id: str) -> None:
-        now = time.monotonic()
+        now = clock()
         early = self._early
         early[request_id] = now + EARLY_ABORT_MEMORY_S
         early.move_to_end(request_id)
@@ -169,7 +172,7 @@ class RequestRegistry:
 
     def _take_early(self, request_id: str) -> bool:
         expires = self._early.pop(request_id, None)
-        return expires is not None and expires >= time.monotonic()
+        return expires is not None and expires >= clock()
 
     async def abort_many(self, request_ids: list[str], reason: str = "aborted by request") -> int:
         issued = 0
