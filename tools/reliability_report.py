@@ -23,6 +23,7 @@ from typing import Any
 ENGINES = ("mlx", "vllm", "sglang", "tokenspeed")
 DEFAULT = Path(__file__).resolve().parents[1] / ".cache" / "reliability" / "figures.json"
 BAD_CODES = ("INTERNAL", "UNKNOWN", "UNAVAILABLE")
+CLIENT_FAULT = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION")
 
 Figures = dict[str, Any]
 
@@ -33,7 +34,13 @@ def _bad_answers(f: Figures) -> int | None:
     codes = {**f.get("fuzz_codes", {})}
     for code, n in f.get("malformed_codes", {}).items():
         codes[code] = codes.get(code, 0) + n
-    return sum(codes.get(code, 0) for code in BAD_CODES) + int(f.get("fuzz_failures", 0))
+    oversized = f.get("oversized_code")
+    bad_oversized = int(oversized is not None and oversized not in CLIENT_FAULT)
+    return (
+        sum(codes.get(code, 0) for code in BAD_CODES)
+        + int(f.get("fuzz_failures", 0))
+        + bad_oversized
+    )
 
 
 def _fuzz(f: Figures) -> str | None:
@@ -42,7 +49,8 @@ def _fuzz(f: Figures) -> str | None:
         return None
     cases = f["fuzz_cases"] + f.get("malformed_cases", 0)
     ok = f.get("fuzz_codes", {}).get("OK", 0)
-    return f"{cases} cases ({ok} OK) / {bad} failures"
+    oversized = f.get("oversized_code", "-")
+    return f"{cases} cases ({ok} OK) / {bad} failures; 260 MiB: {oversized}"
 
 
 def _storm(f: Figures) -> str | None:

@@ -22,6 +22,7 @@ GOOD: dict[str, Any] = {
     "fuzz_failures": 0,
     "malformed_cases": 60,
     "malformed_codes": {"INVALID_ARGUMENT": 60},
+    "oversized_code": "RESOURCE_EXHAUSTED",
     "storm_requests": 1000,
     "storm_leaked": 0,
     "storm_bad_endings": 0,
@@ -59,17 +60,18 @@ def test_the_table_has_a_column_per_engine_and_a_row_per_check(tmp_path, capsys)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| check | mlx | vllm | sglang | tokenspeed |"
     assert len(lines) == 2 + len(report.ROWS)
-    assert "310 cases (100 OK) / 0 failures" in lines[2]
+    assert "310 cases (100 OK) / 0 failures; 260 MiB: RESOURCE_EXHAUSTED" in lines[2]
     assert "restart: DATA_LOSS" in lines[-1]
 
 
 def test_check_names_every_missing_or_bad_figure(tmp_path, capsys) -> None:
     bad: dict[str, Any] = dict(GOOD, death_detection_s=1.4, drain_silent=2)
     bad["fuzz_codes"] = {"OK": 1, "INTERNAL": 3}
+    bad["oversized_code"] = "UNKNOWN"
     data = {"mlx": bad, "vllm": dict(GOOD)}
     assert report.main([str(write(tmp_path, data)), "--check"]) == 1
     err = capsys.readouterr().err
-    assert "mlx: 3 bad answers to fuzzed input" in err
+    assert "mlx: 4 bad answers to fuzzed input" in err
     assert "mlx: 2 silent truncations" in err
     assert "mlx: death detected after 1.4 s" in err
     assert "vllm: no figures for KV events under faults" in err

@@ -143,3 +143,22 @@ def test_duplicate_and_unknown_request_ids(shared: Target) -> None:
         except grpc.RpcError as err:
             raise AssertionError(f"Abort of an unknown id: {err.code().name}") from err  # pyright: ignore[reportAttributeAccessIssue]
     assert_still_serving(shared)
+
+
+#: Just past the 256 MiB our servers take (vLLM's own launcher takes any size).
+OVERSIZED_BYTES = 260 << 20
+
+
+def test_an_oversized_message_gets_a_client_fault(shared: Target) -> None:
+    """A GenerateRequest past the receive limit: RESOURCE_EXHAUSTED from the server's limit, or,
+    where the launcher sets none (vLLM's), INVALID_ARGUMENT from the servicer's own bounds."""
+    request = shared.request([1, 2, 3], max_tokens=4, request_id="o" * OVERSIZED_BYTES)
+    with grpc.insecure_channel(
+        shared.address, options=[("grpc.max_send_message_length", -1)]
+    ) as channel:
+        code, details = answer(shared.stub(channel), request)
+    del request
+    record(shared.engine, oversized_code=code.name)
+    assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT), code
+    assert len(details) < 300, "the refusal does not echo the request"
+    assert_still_serving(shared)

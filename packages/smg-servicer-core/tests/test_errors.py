@@ -145,3 +145,16 @@ def test_long_messages_are_cut() -> None:
 )
 def test_http_status_table(status, code) -> None:
     assert errors.from_http_status(status, "m").code == code
+
+
+@pytest.mark.contract
+async def test_a_huge_request_id_is_cut_in_the_message_and_the_log(raising, caplog) -> None:
+    servicer, stub = raising
+    servicer.to_raise = KeyError("boom")
+    caplog.set_level(logging.ERROR, logger="smg_servicer_core.errors")
+    rid = "r" * 100_000
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.Generate(mlx_generate([1, 2], request_id=rid)):
+            pass
+    assert len(info.value.details() or "") < 300
+    assert all(len(r.getMessage()) < 400 for r in caplog.records)

@@ -131,3 +131,15 @@ async def test_early_aborts_are_forgotten_after_their_time_and_past_the_bound(mo
     with pytest.raises(Aborted):
         async with registry.track(f"x{registry_module.EARLY_ABORT_MEMORY + 4}"):
             pass
+
+
+@pytest.mark.unit
+async def test_a_request_id_past_the_bound_is_refused_before_anything_else() -> None:
+    registry = RequestRegistry(CountingEngine().abort)
+    bound = registry_module.MAX_REQUEST_ID_CHARS
+    async with registry.track("x" * bound):
+        pass
+    with pytest.raises(InvalidRequest, match=f"request_id has {bound + 1} characters; at most"):
+        async with registry.track("x" * (bound + 1)):
+            pass
+    assert len(registry) == 0

@@ -169,9 +169,15 @@ async def abort_from(
     await context.abort(code, detail)
 
 
+#: A request id is cut to this many characters in log lines and messages.
+MAX_LOGGED_ID_CHARS = 128
+
+
 def _request_id_of(request: object) -> str:
     rid = getattr(request, "request_id", "")
-    return rid if isinstance(rid, str) else ""
+    if not isinstance(rid, str):
+        return ""
+    return rid if len(rid) <= MAX_LOGGED_ID_CHARS else rid[: MAX_LOGGED_ID_CHARS - 3] + "..."
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -22,7 +22,8 @@ server is draining), which is what the metrics count.
 Invariants:
 - ``len(registry)`` (``active_requests``) counts exactly the requests inside ``track``;
 - the engine abort callback runs at most once per tracked request, and never after a normal finish;
-- a request id can be tracked once at a time (a second ``track`` raises :class:`AlreadyExists`);
+- a request id can be tracked once at a time (a second ``track`` raises :class:`AlreadyExists`),
+  and is at most :data:`MAX_REQUEST_ID_CHARS` long (INVALID_ARGUMENT);
 - at most :data:`EARLY_ABORT_MEMORY` early aborts are remembered, each for
   :data:`EARLY_ABORT_MEMORY_S`.
 """
@@ -40,6 +41,9 @@ from smg_servicer_core.errors import Aborted, AlreadyExists, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
+#: The longest request id taken (the router's are a few dozen characters); a longer one is the
+#: client's fault, refused before it reaches a log line or the engine.
+MAX_REQUEST_ID_CHARS = 1024
 #: How long an ``Abort`` for an id not in flight is remembered (the race it covers is
 #: milliseconds; a queue of calls not yet dispatched can stretch it to seconds).
 EARLY_ABORT_MEMORY_S = 10.0
@@ -133,6 +137,10 @@ class RequestRegistry:
     async def track(self, request_id: str) -> AsyncGenerator[RequestHandle]:
         if not request_id:
             raise InvalidRequest("request_id must not be empty")
+        if len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidRequest(
+                f"request_id has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
+            )
         if request_id in self._active:
             raise AlreadyExists(f"request {request_id} is already in flight")
         if self._early and self._take_early(request_id):
