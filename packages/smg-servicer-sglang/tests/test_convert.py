@@ -81,6 +81,14 @@ def test_n_builds_prefix_and_samples() -> None:
     assert all(r.sampling_params.n == 1 for r in reqs)
 
 
+@pytest.mark.parametrize("n", [129, 2**31, 2**32 - 1])
+def test_n_past_128_is_refused_before_any_request_is_built(n: int) -> None:
+    """The reliability fuzz found ``n`` = 2**31 building that many requests (14 GB, then the
+    runner's memory gone)."""
+    with pytest.raises(InvalidRequest, match=f"n must be at most 128, got {n}"):
+        convert.generate_reqs(gen(sampling={"n": n}), LIMITS)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

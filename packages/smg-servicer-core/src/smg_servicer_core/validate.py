@@ -17,6 +17,7 @@ wire calls the field (``max_tokens`` on vLLM and MLX, ``max_new_tokens`` on SGLa
 | frequency / presence penalty outside [-2, 2] | ``{name} must be in [-2, 2], got {v}`` |
 | repetition penalty < 0 | ``repetition_penalty must be > 0, got {v}`` |
 | logprob count outside [0, 20] | ``{name} must be in [0, 20], got {n}`` |
+| ``n`` above 128 | ``n must be at most 128, got {n}`` |
 
 proto3 cannot tell an unset scalar from zero, so ``top_p`` 0 and ``repetition_penalty`` 0 mean
 "unset" (1.0) and pass; an explicit ``max_tokens`` 0 is always refused.
@@ -32,6 +33,8 @@ from typing import Any
 from smg_servicer_core.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
+#: The most choices (``n``) one request may ask for: each is a request in the engine.
+MAX_CHOICES = 128
 
 
 def prompt(ids: Sequence[int], vocab_size: int, context_length: int) -> None:
@@ -45,6 +48,14 @@ def prompt(ids: Sequence[int], vocab_size: int, context_length: int) -> None:
         raise InvalidRequest(
             f"the prompt has {len(ids)} tokens; the context holds {context_length}"
         )
+
+
+def choices(n: int) -> int:
+    """``n`` as sent (0: unset, one choice) -> the number of choices, at most :data:`MAX_CHOICES`
+    (the reliability fuzz found an SGLang worker building 2**31 requests for one ``n``)."""
+    if n > MAX_CHOICES:
+        raise InvalidRequest(f"n must be at most {MAX_CHOICES}, got {n}")
+    return max(n, 1)
 
 
 def max_tokens(value: int | None) -> None:

@@ -161,7 +161,7 @@ def generate_reqs(
     (``max_new_tokens`` 0, as SGLang's own tokenizer manager does for ``n > 1``)."""
     _check_generate(request, limits)
     ids = prompt_ids(request.tokenized, limits)
-    n = max(request.sampling_params.n, 1)
+    n = validate.choices(request.sampling_params.n)
     logprob_start = request.logprob_start_len
     if not request.return_logprob or logprob_start <= 0:
         logprob_start = -1

@@ -34,7 +34,6 @@ from smg_servicer_tokenspeed import mm
 from smg_servicer_tokenspeed.mm import MmItem
 
 #: The most choices one request may ask for.
-MAX_CHOICES = 128
 
 #: ``SamplingParams`` scalars TokenSpeed takes as they are when the request set them.
 _OPTIONAL_SCALARS = (
@@ -80,10 +79,7 @@ def child_id(request_id: str, index: int) -> str:
 
 
 def choices(params: pb.SamplingParams) -> int:
-    n = params.n or 1
-    if n > MAX_CHOICES:
-        raise InvalidRequest(f"n must be at most {MAX_CHOICES}, got {n}")
-    return n
+    return validate.choices(params.n)
 
 
 def sampling(params: pb.SamplingParams) -> dict[str, Any]:

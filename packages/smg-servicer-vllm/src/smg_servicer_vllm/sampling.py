@@ -22,7 +22,6 @@ from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 
 DEFAULT_TEMPERATURE = 1.0
-MAX_N = 128
 
 
 @dataclass(frozen=True)
@@ -72,8 +71,7 @@ def _structured(sp: pb.SamplingParams) -> dict[str, Any] | None:
 def _validate(sp: pb.SamplingParams) -> None:
     validate.sampling(validate.Sampling.of(sp))
     validate.max_tokens(sp.max_tokens if sp.HasField("max_tokens") else None)
-    if sp.n > MAX_N:
-        raise InvalidRequest(f"n must be at most {MAX_N}")
+    validate.choices(sp.n)
     for name in ("logprobs", "prompt_logprobs"):
         validate.logprob_count(name, getattr(sp, name) if sp.HasField(name) else None)
     for value in sp.logit_bias.values():
