@@ -22,6 +22,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from smg_servicer_core.cli import metrics_settings
@@ -52,6 +53,15 @@ _launched: dict[str, LauncherSettings] = {}
 def launcher_settings() -> LauncherSettings | None:
     """The settings a gRPC command line of this process gave, or None (no such parse)."""
     return _launched.get("launch")
+
+
+def in_launcher_process() -> bool:
+    """This process is vLLM's gRPC launcher (``python -m vllm.entrypoints.launchers.grpc_server``
+    or ``vllm serve M --grpc``) and its command line was parsed: not a process that merely ran
+    the parser, such as a test run."""
+    if launcher_settings() is None:
+        return False
+    return _launcher_is_main() or Path(sys.argv[0]).name == "vllm"
 
 
 def _launcher_is_main() -> bool:

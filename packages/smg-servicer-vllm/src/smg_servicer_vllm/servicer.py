@@ -57,7 +57,7 @@ from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
 from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
-from smg_servicer_vllm.plugin import launcher_settings
+from smg_servicer_vllm.plugin import in_launcher_process, launcher_settings
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             mm_settings.source,
         )
         self._death_watch: asyncio.Task[None] | None = None
-        if launch is not None:
+        if in_launcher_process():  # never a process that only ran the parser (a test run)
             with contextlib.suppress(RuntimeError):  # no running loop: nobody to stop
                 self._death_watch = asyncio.get_running_loop().create_task(self._watch_engine())
 
