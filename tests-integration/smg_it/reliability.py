@@ -40,6 +40,7 @@ from smg_servicer_core.proto import (
 )
 from smg_servicer_core.testing.figures import record
 from smg_servicer_core.testing.metrics import scrape, value
+from smg_servicer_core.testing.process import wait_serving
 from smg_servicer_core.testing.requests import Wire, generate_request
 
 ENGINES: tuple[Wire, ...] = ("mlx", "vllm", "sglang", "tokenspeed")
@@ -135,20 +136,15 @@ class Target:
         return self.pb.AbortRequest(request_id=request_id, reason="reliability")
 
     def wait_healthy(self, timeout_s: float = 240.0) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            stub = self.stub(channel)
-            deadline = time.monotonic() + timeout_s
-            last: object = None
-            while time.monotonic() < deadline:
-                try:
-                    if stub.HealthCheck(self.pb.HealthCheckRequest(), timeout=5).healthy:
-                        return
-                except grpc.RpcError as err:
-                    last = err
-                time.sleep(0.2)
-        raise TimeoutError(
-            f"{self.engine} worker not healthy: {last}\n{self.worker.log.read_text()[-3000:]}"
-        )
+        """Until the worker's health says SERVING (core's poll, bounded; fails at once when the
+        process exits)."""
+        proc = self.worker.proc
+
+        def alive() -> str | None:
+            code = proc.poll() if proc is not None else None
+            return None if code is None else f"{self.engine} worker exited {code}"
+
+        wait_serving(self.address, timeout_s=timeout_s, alive=alive)
 
     def learn(self) -> None:
         """The model's limits and the reference tokens (greedy, from this worker)."""
