@@ -48,7 +48,6 @@ from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
-from smg_servicer_core.watchdog import WATCH_INTERVAL_S as WATCHDOG_INTERVAL_S
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events
@@ -60,7 +59,6 @@ logger = logging.getLogger(__name__)
 WARMUP_ENV = "SMG_SGLANG_SERVICER_WARMUP"
 WARMUP = Setting("warmup", parse_bool, True, "one warm-up request before SERVING", env=WARMUP_ENV)
 WARMUP_TIMEOUT_S = 300.0
-WATCH_INTERVAL_S = WATCHDOG_INTERVAL_S
 SCHEDULER_STOP_S = 2.0
 
 ReadyCallback = Callable[[Any, Any, dict[str, Any]], Awaitable[None]]
@@ -125,9 +123,8 @@ class Schedulers:
         self.quit_reason: str | None = None
         self._stalled = False
         self.watchdog = Watchdog(
-            [lambda: self.quit_reason, launched.dead, lambda: manager.failed],
-            interval_s=WATCH_INTERVAL_S,
-        )
+            [lambda: self.quit_reason, launched.dead, lambda: manager.failed]
+        )  # core's interval (0.1 s), as TokenSpeed's
         self.watchdog.on_tick = self._watch_stall
         servicer.dead_reason = self.watchdog.dead_reason
 
