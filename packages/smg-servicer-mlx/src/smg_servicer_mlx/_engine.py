@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from smg_servicer_core.errors import Overloaded, Unavailable
+from smg_servicer_core.stream import coalescing, take_waiting
 from smg_servicer_mlx.model_info import ModelInfo
 from smg_servicer_mlx.params import GenParams
 
@@ -138,8 +139,11 @@ class MlxEngine:
         prefill_step_size: int = 2048,
         max_queue: int = 256,
         adapter_path: str | None = None,
+        coalesce: bool | None = None,
     ) -> None:
         self.info = info
+        #: Hand a stream every output waiting at once (core ``stream``; None: the setting).
+        self.coalesce = coalescing() if coalesce is None else coalesce
         self._batch_sizes = (completion_batch_size, prefill_batch_size, prefill_step_size)
         self._adapter_path = adapter_path
         # Requests beyond the running batch wait inside BatchGenerator; bound them here.
@@ -206,8 +210,8 @@ class MlxEngine:
 
     async def generate(self, request_id: str, params: GenParams) -> AsyncIterator[list[StepOutput]]:
         """Outputs as they come; when the consumer fell behind, every output already waiting is
-        returned together (one gRPC chunk instead of several), so a slow reader costs fewer
-        messages and nothing is held back while it keeps up."""
+        returned together (one gRPC chunk instead of several: core ``stream``), so a slow reader
+        costs fewer messages and nothing is held back while it keeps up."""
         if not self.ready:
             raise Unavailable("the MLX engine is not ready")
         request = _Request(request_id, params, asyncio.Queue())
@@ -222,9 +226,7 @@ class MlxEngine:
         queue = request.queue
         try:
             while True:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
+                batch = await take_waiting(queue, self.coalesce)
                 yield batch
                 if batch[-1].finish_reason is not None:
                     return

@@ -34,6 +34,7 @@ import zmq
 import zmq.asyncio
 
 from smg_servicer_core.errors import DeadlineExceeded, Unavailable
+from smg_servicer_core.stream import coalescing
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang.convert import Output
 
@@ -132,9 +133,15 @@ class RequestManager:
     """Owns the scheduler sockets and the in-flight request states of one servicer process."""
 
     def __init__(
-        self, port_args: Any, dp_size: int = 1, stall_after_s: float = STALL_AFTER_S
+        self,
+        port_args: Any,
+        dp_size: int = 1,
+        stall_after_s: float = STALL_AFTER_S,
+        coalesce: bool | None = None,
     ) -> None:
         self.port_args = port_args
+        #: ``take`` hands over every output waiting (core ``stream``; None: the setting).
+        self.coalesce = coalescing() if coalesce is None else coalesce
         self.dp_size = max(dp_size, 1)
         self.stall_after_s = stall_after_s
         self._ctx = zmq.asyncio.Context()
@@ -241,12 +248,21 @@ class RequestManager:
                 await self.send(sg.AbortReq(rid=rid))
 
     def take(self, rid: str) -> tuple[list[Output], bool]:
-        """Everything waiting for ``rid`` and whether it has finished."""
+        """Everything waiting for ``rid`` (one output when not coalescing) and whether it has
+        finished (with nothing left to take)."""
         state = self._states.get(rid)
         if state is None:
             return [], True
-        outputs, state.outputs = state.outputs, []
-        return outputs, state.finished
+        if self.coalesce or len(state.outputs) <= 1:
+            outputs, state.outputs = state.outputs, []
+            return outputs, state.finished
+        outputs, state.outputs = state.outputs[:1], state.outputs[1:]
+        return outputs, False
+
+    def waiting(self, rid: str) -> bool:
+        """Whether ``rid`` has outputs not taken yet."""
+        state = self._states.get(rid)
+        return state is not None and bool(state.outputs)
 
     async def stream(self, rid: str) -> AsyncIterator[list[Output]]:
         """The outputs of one opened request, in batches, until it finishes."""

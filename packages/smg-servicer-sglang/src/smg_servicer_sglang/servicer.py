@@ -194,7 +194,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                     if final.finish is not None:
                         open_ids.discard(index)
                         yield self._final(request, seen[index], final, index)
-                if open_ids:
+                if open_ids and not any(self.manager.waiting(rids[i]) for i in open_ids):
                     await wake.wait()
         finally:
             await self.manager.release([prefix.rid, *rids], group=rid)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf import json_format
@@ -228,6 +228,19 @@ def frame(output: Mapping[str, Any]) -> Frame:
         spec_accepted_tokens=_int(meta, "spec_accepted_tokens"),
         spec_draft_tokens=_int(meta, "spec_draft_tokens"),
         weight_version=str(version) if version is not None else None,
+    )
+
+
+def merged(frames: Sequence[Frame]) -> Frame:
+    """Consecutive frames of one choice as one: ids, counts and the finish are cumulative (the
+    last frame's); logprob tuples are each frame's own, so they are joined in order."""
+    last = frames[-1]
+    if len(frames) == 1:
+        return last
+    return replace(
+        last,
+        token_logprobs=[entry for f in frames for entry in f.token_logprobs],
+        top_logprobs=[row for f in frames for row in f.top_logprobs],
     )
 
 

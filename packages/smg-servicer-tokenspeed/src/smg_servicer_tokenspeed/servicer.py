@@ -4,9 +4,11 @@ Generate runs each choice as one TokenSpeed request (``n > 1``: ``{rid}-n{i}``) 
 outputs through a bounded queue, so an ``Abort`` or a client cancel ends the call at once: the
 choices still running end with ``complete{finish_reason: "abort"}`` (Abort) or the call is
 cancelled (client), and every unfinished child is aborted in TokenSpeed, which sends the
-scheduler an ``AbortReq``. Streaming sends one ``chunk`` per step that adds ids (``token_ids`` is
-the delta; counts cumulative, as TokenSpeed reports them), then a ``complete`` per choice with
-empty ``output_ids``; non-streaming sends one ``complete`` per choice with every id and logprob.
+scheduler an ``AbortReq``. Streaming sends one ``chunk`` per read of that queue that adds ids:
+every step waiting for a choice goes out together (core ``stream``: one step while the reader
+keeps up, the backlog when it is behind; ``token_ids`` is the delta, counts cumulative, as
+TokenSpeed reports them), then a ``complete`` per choice with empty ``output_ids``;
+non-streaming sends one ``complete`` per choice with every id and logprob.
 
 A scheduler abort with an HTTP status maps through the HTTP table with the scheduler's message;
 TokenSpeed's own request checks (``ValueError``) are INVALID_ARGUMENT with TokenSpeed's message;
@@ -49,6 +51,7 @@ from smg_servicer_core.proto import (
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
 from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.servicer import EngineServicer
+from smg_servicer_core.stream import coalescing, take_waiting
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, info, kv_events, loads
@@ -139,8 +142,11 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         health: HealthFrame | None = None,
         metrics: ServicerMetrics | None = None,
         health_timeout_s: float | None = None,
+        coalesce: bool | None = None,
     ) -> None:
         self.launched = launched
+        #: Every step waiting for a stream goes out as one message (core ``stream``).
+        self.coalesce = coalescing() if coalesce is None else coalesce
         self.llm: Any = launched.llm
         self.server_args: Any = launched.server_args
         self.scheduler_info = launched.scheduler_info
@@ -213,23 +219,28 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         ]
         running = set(range(len(choices)))
         while running:
-            index, item = await flight.queue.get()
-            if item is _ABORTED:
-                for i in sorted(running):
-                    yield pb.GenerateResponse(request_id=rid, complete=choices[i].aborted())
-                return
-            if isinstance(item, BaseException):
-                raise _engine_error(item) from item
-            frame = convert.frame(item)
-            if (error := convert.failure(frame.finish, rid)) is not None:
-                logger.warning("request %s: the scheduler aborted it (%s)", rid, frame.finish)
-                raise error
-            choice = choices[index]
-            if request.stream and (chunk := choice.chunk(frame)) is not None:
-                yield pb.GenerateResponse(request_id=rid, chunk=chunk)
-            if frame.finish is not None:
-                running.discard(index)
-                yield pb.GenerateResponse(request_id=rid, complete=choice.complete(frame))
+            # Every output waiting goes out together: one message per choice (core ``stream``).
+            waiting: dict[int, list[convert.Frame]] = {}
+            for index, item in await take_waiting(flight.queue, self.coalesce):
+                if item is _ABORTED:
+                    for i in sorted(running):
+                        yield pb.GenerateResponse(request_id=rid, complete=choices[i].aborted())
+                    return
+                if isinstance(item, BaseException):
+                    raise _engine_error(item) from item
+                frame = convert.frame(item)
+                if (error := convert.failure(frame.finish, rid)) is not None:
+                    logger.warning("request %s: the scheduler aborted it (%s)", rid, frame.finish)
+                    raise error
+                waiting.setdefault(index, []).append(frame)
+            for index, frames in waiting.items():
+                frame = convert.merged(frames)
+                choice = choices[index]
+                if request.stream and (chunk := choice.chunk(frame)) is not None:
+                    yield pb.GenerateResponse(request_id=rid, chunk=chunk)
+                if frame.finish is not None:
+                    running.discard(index)
+                    yield pb.GenerateResponse(request_id=rid, complete=choice.complete(frame))
 
     # -- abort, health ---------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 over an in-process ``AsyncLLM`` (vLLM's own launcher constructs it and owns the server).
 
 Generate streams vLLM's DELTA outputs: per choice index, one chunk per engine output (delta
-``token_ids`` and delta ``completion_tokens``), then a ``complete`` for that index when it
-finishes (its last delta, the cumulative count, the finish reason and the matched stop). Without
-streaming, one ``complete`` per choice with every id. ``Abort`` and a client cancel stop the engine
-request exactly once (core's registry); an aborted stream ends with the ``complete`` vLLM reports
-(``finish_reason="abort"``), or with status ABORTED when the engine reported nothing.
+``token_ids`` and delta ``completion_tokens``; vLLM merges the steps a stream is behind on into
+one output, so a stream that is behind gets them as one chunk: core ``stream``), then a
+``complete`` for that index when it finishes (its last delta, the cumulative count, the finish
+reason and the matched stop). Without streaming, one ``complete`` per choice with every id.
+``Abort`` and a client cancel stop the engine request exactly once (core's registry); an aborted
+stream ends with the ``complete`` vLLM reports (``finish_reason="abort"``), or with status ABORTED
+when the engine reported nothing.
 
 Health is the engine's one :class:`~smg_servicer_core.health.HealthFrame`, shared with the
 ``VllmHealthServicer`` the launcher registers (``health_servicer.health_for``).
@@ -50,6 +52,7 @@ from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.registry import RequestHandle
 from smg_servicer_core.servicer import EngineServicer
+from smg_servicer_core.stream import coalescing
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
 from smg_servicer_vllm._mm_engine import MultimodalPath
@@ -131,6 +134,9 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             logger.error("%s", exc)
             raise SystemExit(2) from None
         self.mm_settings = mm_settings
+        #: vLLM's collector merges the steps a stream is behind on (DELTA outputs); they go out
+        #: as one chunk, or one per token with ``SMG_STREAM_COALESCE=0`` (core ``stream``).
+        self.coalesce = coalescing()
         self.loads = LoadTracker()
         self.metrics_server: MetricsServer | None = None
         if metrics is None and (started := start_metrics(metrics_config)) is not None:
@@ -268,13 +274,9 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             if choice.done:
                 continue
             delta = list(completion.token_ids)
+            positions = completion.logprobs if spec.kwargs["logprobs"] is not None else None
             self.loads.record_tokens(len(delta))
             choice.count += len(delta)
-            out_lp = (
-                convert.output_logprobs(delta, completion.logprobs, top_n)
-                if spec.kwargs["logprobs"] is not None
-                else None
-            )
             in_lp = None
             if not choice.sent_input_logprobs and spec.kwargs["prompt_logprobs"] is not None:
                 in_lp = convert.input_logprobs(
@@ -285,9 +287,25 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 "prompt_tokens": prompt_len,
                 "cached_tokens": cached,
                 "index": completion.index,
-                "output_logprobs": out_lp,
                 "input_logprobs": in_lp,
             }
+            if stream and not self.coalesce and len(delta) > 1:
+                # vLLM merged steps while this stream was behind; send them one by one.
+                for i in range(len(delta) - 1):
+                    step = delta[i : i + 1]
+                    lp = None if positions is None else positions[i : i + 1]
+                    yield pb.GenerateResponse(
+                        chunk=pb.GenerateStreamChunk(
+                            token_ids=step,
+                            completion_tokens=1,
+                            output_logprobs=convert.output_logprobs(step, lp, top_n),
+                            **common,
+                        )
+                    )
+                    common["input_logprobs"] = None
+                delta = delta[-1:]
+                positions = None if positions is None else positions[-1:]
+            common["output_logprobs"] = convert.output_logprobs(delta, positions, top_n)
             if stream and (delta or in_lp is not None):
                 yield pb.GenerateResponse(
                     chunk=pb.GenerateStreamChunk(

@@ -1,4 +1,9 @@
-"""The fake engine. Tokens are a deterministic function of the prompt and the step."""
+"""The fake engine. Tokens are a deterministic function of the prompt and the step.
+
+It steps each request on its own task and hands outputs over through a collector with vLLM's
+merging semantics, so a reader that falls behind gets the steps it missed as one output, as it
+does from vLLM (the servicer's coalescing is measured against that, not against an engine that
+makes a token only when asked for one)."""
 
 from __future__ import annotations
 
@@ -39,6 +44,46 @@ class _Processor:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.running)
+
+
+class _Collector:
+    """vLLM's ``RequestOutputCollector`` semantics: the engine puts, the reader gets; DELTA
+    outputs put while the reader is behind merge into one (ids appended per choice, the newest
+    finish), an exception replaces whatever waits."""
+
+    def __init__(self, aggregate: bool) -> None:
+        self.aggregate = aggregate
+        self.output: FakeRequestOutput | Exception | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: FakeRequestOutput | Exception) -> None:
+        waiting = self.output
+        if waiting is None or isinstance(output, Exception) or isinstance(waiting, Exception):
+            self.output = output
+            self.ready.set()
+            return
+        if not self.aggregate:
+            self.output = output
+            return
+        by_index = {c.index: c for c in waiting.outputs}
+        for completion in output.outputs:
+            merged = by_index.get(completion.index)
+            if merged is None:
+                waiting.outputs.append(completion)
+                continue
+            merged.token_ids.extend(completion.token_ids)
+            merged.finish_reason = completion.finish_reason
+            merged.stop_reason = completion.stop_reason
+        waiting.finished = output.finished
+
+    async def get(self) -> FakeRequestOutput:
+        while (output := self.output) is None:
+            await self.ready.wait()
+        self.output = None
+        self.ready.clear()
+        if isinstance(output, Exception):
+            raise output
+        return output
 
 
 def _prompt_ids(prompt: Any) -> list[int]:
@@ -120,15 +165,36 @@ class FakeAsyncLLM:
                 stop.set()
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, **_: Any
+        self, prompt: Any, sampling_params: Any, request_id: str, **_: Any
     ) -> AsyncIterator[FakeRequestOutput]:
+        """vLLM's shape: the engine steps on its own (a task here, vLLM's output handler there)
+        and puts each step into the request's collector, which merges DELTA outputs while the
+        reader is behind; the reader takes whatever is there."""
+        collector = _Collector(_kind(sampling_params) == DELTA)
+        stop = self._stops[request_id] = asyncio.Event()
+        self.output_processor.running.add(request_id)
+        steps = asyncio.ensure_future(self._steps(prompt, sampling_params, request_id, collector))
+        try:
+            while True:
+                output = await collector.get()
+                yield output
+                if output.finished:
+                    return
+        finally:
+            steps.cancel()
+            stop.set()
+            self.output_processor.running.discard(request_id)
+            self._stops.pop(request_id, None)
+
+    async def _steps(
+        self, prompt: Any, params: Any, request_id: str, collector: _Collector
+    ) -> None:
         ids = _prompt_ids(prompt)
         vocab = int(self.model_config.get_vocab_size())
         max_tokens = params.max_tokens or 16
         n = int(getattr(params, "n", 1) or 1)
         delta = _kind(params) == DELTA
-        stop = self._stops[request_id] = asyncio.Event()
-        self.output_processor.running.add(request_id)
+        stop = self._stops[request_id]
         done: list[list[int]] = [[] for _ in range(n)]
         try:
             for step in range(max_tokens):
@@ -145,27 +211,32 @@ class FakeAsyncLLM:
                 for i, token in enumerate(tokens):
                     done[i].append(token)
                 if delta:
-                    yield FakeRequestOutput(
-                        request_id,
-                        ids,
-                        [
-                            FakeCompletion(i, [tokens[i]] if tokens else [], finish_reason=reason)
-                            for i in range(n)
-                        ],
-                        finished=reason is not None,
+                    collector.put(
+                        FakeRequestOutput(
+                            request_id,
+                            ids,
+                            [
+                                FakeCompletion(
+                                    i, [tokens[i]] if tokens else [], finish_reason=reason
+                                )
+                                for i in range(n)
+                            ],
+                            finished=reason is not None,
+                        )
                     )
                 if reason is not None:
                     break
             if not delta:
-                yield FakeRequestOutput(
-                    request_id,
-                    ids,
-                    [FakeCompletion(i, done[i], finish_reason="length") for i in range(n)],
-                    finished=True,
+                collector.put(
+                    FakeRequestOutput(
+                        request_id,
+                        ids,
+                        [FakeCompletion(i, done[i], finish_reason="length") for i in range(n)],
+                        finished=True,
+                    )
                 )
-        finally:
-            self.output_processor.running.discard(request_id)
-            self._stops.pop(request_id, None)
+        except Exception as exc:  # the engine's fault reaches the reader, as in vLLM
+            collector.put(exc)
 
     async def reset_prefix_cache(self, *_: Any) -> bool:
         return self.flush_succeeds
