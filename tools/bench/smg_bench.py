@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,8 @@ STUBS: dict[str, Any] = {
 @dataclass
 class StreamResult:
     tokens: int = 0
+    #: Messages that carried output ids (chunks; the ``complete`` of a non-streamed request).
+    messages: int = 0
     ttft_s: float | None = None
     gaps_s: list[float] = field(default_factory=list[float])
     total_s: float = 0.0
@@ -143,10 +148,12 @@ async def one_request(stub: Any, args: argparse.Namespace, index: int) -> Stream
                 else:
                     result.gaps_s.append(now - last)
                 result.tokens += len(message.chunk.token_ids)
+                result.messages += 1
                 last = now
             elif kind == "complete" and not args.stream:
                 result.ttft_s = now - start
                 result.tokens = message.complete.completion_tokens
+                result.messages = 1
     except grpc.aio.AioRpcError as err:
         result.error = err.code().name
     result.total_s = time.perf_counter() - start
@@ -161,23 +168,112 @@ def _pct(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1000
 
 
-async def run_load(args: argparse.Namespace, address: str) -> tuple[list[StreamResult], float]:
+async def run_load(
+    args: argparse.Namespace, address: str, go: Callable[[], Awaitable[None]] | None = None
+) -> tuple[list[StreamResult], float]:
+    """``args.requests`` requests kept ``args.concurrency`` deep on one channel, after the
+    warm-up; ``go`` (a child of ``--processes``) is awaited between the two."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = STUBS[args.wire](channel)
         for i in range(args.warmup):  # warm the connection and the engine's first-call paths
-            await one_request(stub, args, -1 - i)
+            await one_request(stub, args, -1 - i - args.index_offset)
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(args.requests):
-            queue.put_nowait(i)
+            queue.put_nowait(args.index_offset + i)
         results: list[StreamResult] = []
 
         async def worker() -> None:
             while not queue.empty():
                 results.append(await one_request(stub, args, queue.get_nowait()))
 
+        if go is not None:
+            await go()
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         return results, time.perf_counter() - start
+
+
+async def _child(args: argparse.Namespace) -> None:
+    """One load process of ``--processes``: warm up, say ``ready``, wait for ``go`` on stdin,
+    run, print the raw results as one JSON line."""
+    loop = asyncio.get_running_loop()
+
+    async def go() -> None:
+        print("ready", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+
+    cpu = 0.0
+
+    async def measured() -> tuple[list[StreamResult], float]:
+        nonlocal cpu
+
+        async def go_and_clock() -> None:
+            nonlocal cpu
+            await go()
+            cpu = _client_cpu_s()
+
+        return await run_load(args, args.target, go_and_clock)
+
+    results, wall = await measured()
+    raw = [[r.tokens, r.messages, r.ttft_s, r.gaps_s, r.total_s, r.error] for r in results]
+    print(json.dumps({"results": raw, "wall_s": wall, "cpu_s": _client_cpu_s() - cpu}), flush=True)
+
+
+def _spread(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def run_processes(
+    args: argparse.Namespace, address: str, sampler: TreeSampler | None
+) -> tuple[list[StreamResult], float, float, float]:
+    """The load from ``args.processes`` client processes at once (one Python gRPC client costs
+    about as much per token as the servicer, so one process can be what saturates first).
+    Returns the results, the wall time from ``go`` to the last result, the server tree's CPU
+    seconds over it and the clients' CPU seconds."""
+    parts = args.processes
+    children: list[subprocess.Popen[str]] = []
+    offset = 0
+    for concurrency, requests in zip(
+        _spread(args.concurrency, parts), _spread(args.requests, parts), strict=True
+    ):
+        cmd = [
+            sys.executable, __file__, "--target", address, "--wire", args.wire,
+            "--concurrency", str(max(concurrency, 1)), "--requests", str(max(requests, 1)),
+            "--max-tokens", str(args.max_tokens), "--prompt-len", str(args.prompt_len),
+            "--warmup", str(args.warmup), "--index-offset", str(offset), "--child",
+            "--stream" if args.stream else "--no-stream",
+        ]  # fmt: skip
+        offset += requests + args.warmup
+        children.append(
+            subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        )
+    try:
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                raise SystemExit("a load process did not start")
+        server_before = sampler.cpu_s() if sampler else 0.0
+        start = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        reports = []
+        for child in children:
+            assert child.stdout is not None
+            reports.append(json.loads(child.stdout.readline()))
+        wall = time.perf_counter() - start
+        server_cpu = (sampler.cpu_s() - server_before) if sampler else 0.0
+    finally:
+        for child in children:
+            child.kill() if child.poll() is None else None
+            child.wait()
+    results = [
+        StreamResult(tokens=t, messages=m, ttft_s=ttft, gaps_s=gaps, total_s=total, error=err)
+        for report in reports
+        for t, m, ttft, gaps, total, err in report["results"]
+    ]
+    return results, wall, server_cpu, sum(r["cpu_s"] for r in reports)
 
 
 def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
@@ -185,6 +281,7 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
     tokens = sum(r.tokens for r in ok)
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     gaps = [g for r in ok for g in r.gaps_s]
+    messages = sum(r.messages for r in ok)
     return {
         "requests": len(results),
         "ok": len(ok),
@@ -197,6 +294,9 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
         "inter_chunk_ms_p50": _round(_pct(gaps, 50)),
         "inter_chunk_ms_p99": _round(_pct(gaps, 99)),
         "held_back_share": round(sum(r.held_back for r in ok) / len(ok), 4) if ok else None,
+        "tokens_per_message": round(tokens / messages, 3)
+        if (messages := sum(r.messages for r in ok))
+        else None,
         "errors": dict(Counter(r.error for r in results if r.error is not None)),
     }
 
@@ -255,13 +355,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="lower the client's scheduling priority by this much (0-19) before it starts",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="client processes sharing the load (concurrency and requests split between them)",
+    )
+    parser.add_argument(
+        "--client-cpus",
+        default=None,
+        help="pin the client processes to these CPUs (a list such as 1 or 2-3)",
+    )
     parser.add_argument("--label", default="")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--index-offset", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         parser.error("--concurrency, --requests and --max-tokens must be positive")
     if not 0 <= args.nice <= 19:
         parser.error("--nice must be between 0 and 19")
+    if args.processes < 1 or args.processes > args.concurrency:
+        parser.error("--processes must be between 1 and --concurrency")
+    if args.child and not args.target:
+        parser.error("--child needs --target")
     return args
+
+
+def cpu_list(spec: str) -> set[int]:
+    """``"1"``, ``"0,2"``, ``"2-3"`` -> the CPU numbers."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
 
 
 def _event_loop_runner() -> tuple[str, Any]:
@@ -280,6 +406,9 @@ def _client_cpu_s() -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     loop_name, run = _event_loop_runner()
+    if args.child:
+        run(_child(args))
+        return 0
     proc: subprocess.Popen[bytes] | None = None
     if args.spawn_fake:
         proc, port = spawn_fake(args)
@@ -288,18 +417,23 @@ def main(argv: list[str] | None = None) -> int:
         address, pid = args.target, args.server_pid
     if args.nice:
         os.nice(args.nice)  # after spawning the fake server: only the client is lowered
+    if args.client_cpus:
+        os.sched_setaffinity(0, cpu_list(args.client_cpus))  # children inherit it
     try:
         sampler = TreeSampler(pid) if pid else None
         cpu_before = sampler.cpu_s() if sampler else 0.0
         client_before = _client_cpu_s()
-        if sampler:
-            with sampler:
+        with sampler if sampler else contextlib.nullcontext():
+            if args.processes > 1:
+                results, wall, server_s, client_s = run_processes(args, address, sampler)
+            else:
                 results, wall = run(run_load(args, address))
-        else:
-            results, wall = run(run_load(args, address))
-        sampling_s = sampler.own_cpu_s if sampler else 0.0
-        client_ms = (_client_cpu_s() - client_before - sampling_s) * 1000
+                server_s = (sampler.cpu_s() - cpu_before) if sampler else 0.0
+                client_s = _client_cpu_s() - client_before
+        if args.processes == 1 and sampler:
+            client_s -= sampler.own_cpu_s  # the sampling thread is not the load generator
         report = summarize(results, wall)
+        tokens = max(report["output_tokens"], 1)
         report.update(
             label=args.label,
             wire=args.wire,
@@ -307,16 +441,15 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             stream=args.stream,
             client_loop=loop_name,
+            client_processes=args.processes,
             fake_metrics=args.fake_metrics if args.spawn_fake else None,
             client_nice=os.nice(0),  # the niceness the client really ran at
-            client_cpu_ms_per_1k_tokens=round(
-                client_ms / max(report["output_tokens"], 1) * 1000, 2
-            ),
+            client_cpu_ms_per_1k_tokens=round(client_s * 1000 / tokens * 1000, 2),
         )
         if sampler:
-            cpu_ms = (sampler.cpu_s() - cpu_before) * 1000
-            tokens = max(report["output_tokens"], 1)
-            report["server_cpu_ms_per_1k_tokens"] = round(cpu_ms / tokens * 1000, 2)
+            report["server_cpu_ms_per_1k_tokens"] = round(server_s * 1000 / tokens * 1000, 2)
+            # Delivered tokens per second of server CPU: tokens/s per fully busy server core.
+            report["tokens_per_server_cpu_s"] = round(tokens / server_s, 1) if server_s else None
             report["server_peak_rss_mb"] = round(sampler.peak_rss / 2**20, 1)
     finally:
         if proc is not None:

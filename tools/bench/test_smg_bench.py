@@ -77,3 +77,24 @@ def test_nice_outside_the_range_is_refused() -> None:
     )
     assert out.returncode == 2
     assert "--nice must be between 0 and 19" in out.stderr
+
+
+@pytest.mark.contract
+def test_several_client_processes_share_the_load() -> None:
+    report = _run("--processes", "2", "--concurrency", "4", "--requests", "10", "--max-tokens", "8")
+    assert report["client_processes"] == 2
+    assert report["ok"] == 10 and report["output_tokens"] == 80
+    assert report["errors"] == {}
+    assert report["server_cpu_ms_per_1k_tokens"] > 0
+    assert report["tokens_per_server_cpu_s"] > 0
+    assert report["client_cpu_ms_per_1k_tokens"] > 0
+
+
+@pytest.mark.contract
+def test_tokens_per_message_is_reported() -> None:
+    # Paced at 20 ms a token, nothing waits: one token per message.
+    paced = _run("--concurrency", "2", "--requests", "2", "--max-tokens", "5",
+                 "--fake-token-delay-ms", "20")  # fmt: skip
+    assert paced["tokens_per_message"] == 1.0
+    plain = _run("--no-stream", "--concurrency", "1", "--requests", "2", "--max-tokens", "7")
+    assert plain["tokens_per_message"] == 7.0

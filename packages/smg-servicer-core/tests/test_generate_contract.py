@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import grpc
@@ -10,7 +11,7 @@ import pytest
 from smg_grpc_proto.generated import mlx_engine_pb2 as pb
 
 from smg_servicer_core.testing import FakeScript, mlx_generate
-from smg_servicer_core.testing.fake_engine import derived_token
+from smg_servicer_core.testing.fake_engine import FakeEngine, derived_token
 
 
 async def _read_all(call) -> list[pb.GenerateResponse]:
@@ -35,15 +36,48 @@ async def test_stream_is_chunks_then_one_complete(stack) -> None:
         stack.stub.Generate(mlx_generate(prompt, stream=True, max_tokens=5))
     )
     kinds = [r.WhichOneof("response") for r in responses]
-    assert kinds == ["chunk"] * 5 + ["complete"]
+    # The engine costs nothing, so the stream may be behind it: several tokens per chunk.
+    assert kinds == ["chunk"] * (len(kinds) - 1) + ["complete"]
     ids = [t for r in responses[:-1] for t in r.chunk.token_ids]
     assert ids == [derived_token(prompt, i, stack.engine.vocab_size) for i in range(5)]
+    assert [r.chunk.completion_tokens for r in responses[:-1]] == list(
+        itertools.accumulate(len(r.chunk.token_ids) for r in responses[:-1])
+    )
     complete = responses[-1].complete
     assert (complete.finish_reason, complete.prompt_tokens, complete.completion_tokens) == (
         "length",
         3,
         5,
     )
+
+
+@pytest.mark.contract
+async def test_without_coalescing_each_step_is_a_chunk(stack) -> None:
+    stack.engine.coalesce = False
+    responses = await _read_all(stack.stub.Generate(mlx_generate([7], stream=True, max_tokens=9)))
+    assert [len(r.chunk.token_ids) for r in responses[:-1]] == [1] * 9
+    assert responses[-1].complete.completion_tokens == 9
+
+
+@pytest.mark.contract
+async def test_a_stream_that_keeps_up_gets_each_token_at_once(stack) -> None:
+    """Coalescing never holds a token back: with the engine slower than gRPC (20 ms a step),
+    every chunk carries one token."""
+    stack.engine.default_script = FakeScript(token_delay_s=0.02)
+    responses = await _read_all(stack.stub.Generate(mlx_generate([7], stream=True, max_tokens=6)))
+    assert [len(r.chunk.token_ids) for r in responses[:-1]] == [1] * 6
+
+
+@pytest.mark.contract
+async def test_a_lagging_reader_gets_what_it_missed_in_one_output() -> None:
+    engine = FakeEngine()
+    stream = engine.generate("lag", [3, 4], max_tokens=10)
+    first = await anext(stream)
+    await asyncio.sleep(0.05)  # the reader falls behind; the engine keeps stepping
+    rest = [output async for output in stream]
+    assert len(first.token_ids) == 1
+    assert [len(o.token_ids) for o in rest] == [9]
+    assert rest[-1].finish_reason == "length"
 
 
 @pytest.mark.contract

@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from smg_servicer_core.stream import take_waiting
+
 logger = logging.getLogger(__name__)
 
 
@@ -84,6 +86,8 @@ class FakeEngine:
         self._ready = asyncio.Event()
         #: A reason here makes the health probe fail (None: healthy).
         self.unhealthy: str | None = None
+        #: Hand a late reader every output it missed at once (core ``stream``).
+        self.coalesce = True
 
     # lifecycle -----------------------------------------------------------------------------
 
@@ -137,12 +141,49 @@ class FakeEngine:
         max_tokens: int,
         stop_token_ids: Sequence[int] = (),
     ) -> AsyncIterator[FakeOutput]:
-        script = self.script_for(request_id)
+        """The request's outputs. The engine steps on its own task, as a real engine does, and
+        what a late reader missed comes as one output (core ``stream``; one per step when the
+        engine's ``coalesce`` is off)."""
         running = _Running()
         self.running[request_id] = running
+        queue: asyncio.Queue[FakeOutput | BaseException] = asyncio.Queue()
+        steps = asyncio.ensure_future(
+            self._steps(request_id, prompt_ids, max_tokens, stop_token_ids, into=(running, queue))
+        )
         try:
-            tokens = list(script.tokens) if script.tokens is not None else None
-            limit = min(max_tokens, len(tokens)) if tokens is not None else max_tokens
+            while True:
+                waiting = await take_waiting(queue, self.coalesce)
+                outputs = [o for o in waiting if isinstance(o, FakeOutput)]
+                fault = next((o for o in waiting if isinstance(o, BaseException)), None)
+                if outputs:
+                    last = outputs[-1]
+                    yield FakeOutput(
+                        [t for o in outputs for t in o.token_ids],
+                        last.finish_reason,
+                        last.matched_stop_token_id,
+                    )
+                    if last.finish_reason is not None:
+                        return
+                if fault is not None:
+                    raise fault
+        finally:
+            steps.cancel()
+            self.running.pop(request_id, None)
+
+    async def _steps(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        stop_token_ids: Sequence[int],
+        *,
+        into: tuple[_Running, asyncio.Queue[FakeOutput | BaseException]],
+    ) -> None:
+        running, queue = into
+        script = self.script_for(request_id)
+        tokens = list(script.tokens) if script.tokens is not None else None
+        limit = min(max_tokens, len(tokens)) if tokens is not None else max_tokens
+        try:
             if script.first_token_delay_s:
                 await asyncio.sleep(script.first_token_delay_s)
             for step in range(limit):
@@ -151,7 +192,7 @@ class FakeEngine:
                 else:
                     await asyncio.sleep(0)  # one scheduling point per step, like a real engine
                 if running.stop.is_set():
-                    yield FakeOutput([], finish_reason="abort")
+                    queue.put_nowait(FakeOutput([], finish_reason="abort"))
                     return
                 if script.fail_after is not None and step >= script.fail_after:
                     raise EngineFault(script.fault_message)
@@ -162,13 +203,13 @@ class FakeEngine:
                 )
                 self.produced[request_id] += 1
                 if token in stop_token_ids:
-                    yield FakeOutput([token], "stop", matched_stop_token_id=token)
+                    queue.put_nowait(FakeOutput([token], "stop", matched_stop_token_id=token))
                     return
-                last = step == limit - 1
-                if last:
-                    stop = script.stop_on_last
-                    yield FakeOutput([token], "stop" if stop else "length")
+                if step == limit - 1:
+                    finish = "stop" if script.stop_on_last else "length"
+                    queue.put_nowait(FakeOutput([token], finish))
                     return
-                yield FakeOutput([token])
-        finally:
-            self.running.pop(request_id, None)
+                queue.put_nowait(FakeOutput([token]))
+            queue.put_nowait(FakeOutput([], "length"))  # nothing to generate
+        except Exception as exc:  # the engine's fault reaches the reader after what it made
+            queue.put_nowait(exc)
