@@ -81,9 +81,12 @@ def test_nice_outside_the_range_is_refused() -> None:
 
 @pytest.mark.contract
 def test_several_client_processes_share_the_load() -> None:
-    report = _run("--processes", "2", "--concurrency", "4", "--requests", "10", "--max-tokens", "8")
+    # Enough tokens for the server's CPU time to be measurable (10 ms clock ticks).
+    report = _run(
+        "--processes", "2", "--concurrency", "4", "--requests", "40", "--max-tokens", "64"
+    )
     assert report["client_processes"] == 2
-    assert report["ok"] == 10 and report["output_tokens"] == 80
+    assert report["ok"] == 40 and report["output_tokens"] == 40 * 64
     assert report["errors"] == {}
     assert report["server_cpu_ms_per_1k_tokens"] > 0
     assert report["tokens_per_server_cpu_s"] > 0
