@@ -30,12 +30,17 @@ def spawn_with_port_file(
     *,
     timeout_s: float = 30.0,
     output: int | IO[bytes] | None = subprocess.PIPE,
+    env: Mapping[str, str] | None = None,
+    cpus: set[int] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Run ``cmd`` (which must write its port to ``port_file``); return it and the port.
+    ``cpus``: the CPUs the process (and every thread it starts) may run on.
 
     The process is killed, and its output shown, if it exits or stays silent past ``timeout_s``.
     """
-    proc = subprocess.Popen(list(cmd), stdout=output, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(list(cmd), stdout=output, stderr=subprocess.STDOUT, env=env)
+    if cpus:  # before the interpreter has started any thread: they all inherit it
+        os.sched_setaffinity(proc.pid, cpus)
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

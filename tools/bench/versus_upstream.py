@@ -1,0 +1,220 @@
+"""Our vLLM servicer against the implementation we replace, side by side in one run.
+
+    uv run python tools/bench/versus_upstream.py [--rounds 3] [--processes 2] [--only NAME ...]
+
+Both arms serve the same :class:`~smg_servicer_vllm.testing.FakeAsyncLLM` (it costs nothing per
+token beyond its own Python, and merges a late reader's steps as vLLM's collector does) on
+uvloop: ours through ``python -m smg_servicer_vllm.testing``, upstream's
+(``smg-grpc-servicer==0.14.1``) through ``upstream_vllm_fake.py`` from a throw-away install
+(``uv pip install --no-deps --target .cache/bench/upstream-0.14.1``; vLLM, grpcio and the proto
+package come from this environment, so only the servicer differs).
+
+Layout: each server on CPU 0, the load generator (``smg_bench.py``, several client processes, so
+the client is not what saturates first) on the other CPUs. Workloads, 128-token greedy streams:
+
+| name | engine | concurrency | what it shows |
+|---|---|---|---|
+| ``saturated-64``, ``-256`` | no delay | 64, 256 | tokens per server CPU-second, inter-chunk p99 |
+| ``paced-1``, ``paced-16`` | 2 ms a token | 1, 16 | server CPU per token when nothing waits |
+
+Arms alternate within each round (A B, then B A, ...). One JSON line per measurement, then per
+workload a ``summary`` line: ours/upstream ratios of tokens per server CPU-second, server CPU per
+token, inter-chunk p99 and tokens per message, as the median and range of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from smg_servicer_core.testing.process import spawn_with_port_file
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = Path(__file__).with_name("smg_bench.py")
+UPSTREAM_SERVER = Path(__file__).with_name("upstream_vllm_fake.py")
+UPSTREAM = "smg-grpc-servicer"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    concurrency: int
+    delay_ms: float
+    requests: int
+
+
+WORKLOADS = (
+    Workload("saturated-64", 64, 0.0, 512),
+    Workload("saturated-256", 256, 0.0, 1024),
+    Workload("paced-1", 1, 2.0, 16),
+    Workload("paced-16", 16, 2.0, 64),
+)
+#: (report key, True when higher is better) for the summary's ratios.
+RATIOS = (
+    ("tokens_per_server_cpu_s", True),
+    ("server_cpu_ms_per_1k_tokens", False),
+    ("inter_chunk_ms_p99", False),
+    ("tokens_per_message", True),
+    ("output_tokens_per_s", True),
+)
+
+
+def upstream_env(version: str) -> Path:
+    """The throw-away install of upstream's package (no dependencies: this environment's)."""
+    target = ROOT / ".cache" / "bench" / f"upstream-{version}"
+    if (target / "smg_grpc_servicer").is_dir():
+        return target
+    print(f"installing {UPSTREAM}=={version} into {target}", file=sys.stderr, flush=True)
+    subprocess.run(
+        ["uv", "pip", "install", "--quiet", "--no-deps", "--python", sys.executable,
+         "--target", str(target), f"{UPSTREAM}=={version}"],
+        check=True,
+    )  # fmt: skip
+    return target
+
+
+@contextlib.contextmanager
+def server(
+    arm: str, delay_ms: float, upstream: Path, version: str, cpus: set[int]
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """One arm's fake-engine server, pinned to ``cpus``; its log stays beside its port file."""
+    port_file = Path(tempfile.mkdtemp()) / "port"
+    delay = ("--token-delay-ms", str(delay_ms))
+    env = dict(os.environ)
+    if arm == "ours":
+        cmd = [sys.executable, "-m", "smg_servicer_vllm.testing", "--port-file", str(port_file),
+               *delay]  # fmt: skip
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(upstream), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, str(UPSTREAM_SERVER), "--port-file", str(port_file),
+               "--expect-version", version, *delay]  # fmt: skip
+    with port_file.with_name("log").open("wb") as log:
+        try:
+            proc, port = spawn_with_port_file(
+                cmd, port_file, timeout_s=120, output=log, env=env, cpus=cpus
+            )
+        except RuntimeError as err:
+            log.flush()
+            tail = port_file.with_name("log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{arm} server did not start: {err}\n{tail}") from None
+        try:
+            yield proc, port
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def measure(
+    arm: str, workload: Workload, port: int, pid: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    processes = min(args.processes, workload.concurrency)
+    cmd = [
+        sys.executable, str(BENCH), "--target", f"127.0.0.1:{port}", "--wire", "vllm",
+        "--server-pid", str(pid), "--concurrency", str(workload.concurrency),
+        "--requests", str(workload.requests), "--max-tokens", "128",
+        "--processes", str(processes), "--label", f"{arm}:{workload.name}",
+    ]  # fmt: skip
+    if args.client_cpus:
+        cmd += ["--client-cpus", args.client_cpus]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise SystemExit(f"{arm} {workload.name}: the load generator failed\n{out.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    report.update(arm=arm, workload=workload.name)
+    return report
+
+
+Pair = tuple[dict[str, Any], dict[str, Any]]  # (ours, upstream) of one round
+
+
+def summary(workload: Workload, pairs: list[Pair]) -> dict[str, Any]:
+    result: dict[str, Any] = {"summary": workload.name, "rounds": len(pairs)}
+    for key, _ in RATIOS:
+        ratios = [
+            ours[key] / theirs[key] for ours, theirs in pairs if ours.get(key) and theirs.get(key)
+        ]
+        if ratios:
+            result[key] = {
+                "ratio_median": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3),
+                "ratio_max": round(max(ratios), 3),
+            }
+    for arm, index in (("ours", 0), ("upstream", 1)):
+        result[f"{arm}_median"] = {
+            key: statistics.median(p[index][key] for p in pairs if p[index].get(key) is not None)
+            for key, _ in RATIOS
+            if any(p[index].get(key) is not None for p in pairs)
+        }
+    return result
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=2, help="client processes")
+    parser.add_argument("--version", default="0.14.1", help=f"{UPSTREAM} version to compare")
+    parser.add_argument(
+        "--only", nargs="*", choices=[w.name for w in WORKLOADS], help="these workloads only"
+    )
+    parser.add_argument("--server-cpus", default="0", help="CPUs of the servers ('' unpinned)")
+    parser.add_argument(
+        "--client-cpus", default=None, help="CPUs of the load generator (default: the others)"
+    )
+    args = parser.parse_args()
+    if args.rounds < 1 or args.processes < 1:
+        parser.error("--rounds and --processes must be positive")
+    return args
+
+
+def main() -> int:
+    from smg_bench import cpu_list  # noqa: PLC0415 - beside this script
+
+    args = parse_args()
+    server_cpus = cpu_list(args.server_cpus) if args.server_cpus else set()
+    if args.client_cpus is None and server_cpus:
+        others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
+        args.client_cpus = ",".join(map(str, others)) or None
+    upstream = upstream_env(args.version)
+    workloads = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    for delay in sorted({w.delay_ms for w in workloads}):
+        with (
+            server("ours", delay, upstream, args.version, server_cpus) as (ours, ours_port),
+            server("upstream", delay, upstream, args.version, server_cpus) as (theirs, theirs_port),
+        ):
+            arms = {"ours": (ours_port, ours.pid), "upstream": (theirs_port, theirs.pid)}
+            for workload in (w for w in workloads if w.delay_ms == delay):
+                for arm, (port, pid) in arms.items():  # warm-up, not reported
+                    measure(
+                        arm,
+                        Workload(workload.name, workload.concurrency, delay, 64),
+                        port,
+                        pid,
+                        args,
+                    )
+                pairs: list[Pair] = []
+                for round_ in range(args.rounds):
+                    order = ("ours", "upstream") if round_ % 2 == 0 else ("upstream", "ours")
+                    got = {}
+                    for arm in order:
+                        got[arm] = measure(arm, workload, *arms[arm], args)
+                        print(json.dumps(got[arm]), flush=True)
+                    pairs.append((got["ours"], got["upstream"]))
+                print(json.dumps(summary(workload, pairs)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    raise SystemExit(main())
