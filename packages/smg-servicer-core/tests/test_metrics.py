@@ -131,6 +131,20 @@ async def test_counters_match_a_known_workload_exactly() -> None:
 
 
 @pytest.mark.contract
+async def test_tokens_per_chunk_are_a_histogram() -> None:
+    """Coalesced chunks (an engine that costs nothing outruns the stream) are counted by size."""
+    async with metered(0.0) as m:
+        call = m.stub.Generate(mlx_generate([4, 5], stream=True, max_tokens=64))
+        sizes = [len(r.chunk.token_ids) async for r in call if r.HasField("chunk")]
+        samples = await asyncio.to_thread(scrape, m.exporter.port)
+    assert sum(sizes) == 64
+    assert value(samples, "smg_servicer_generate_chunk_tokens_count") == len(sizes)
+    assert value(samples, "smg_servicer_generate_chunk_tokens_sum") == 64
+    ones = value(samples, "smg_servicer_generate_chunk_tokens_bucket", le="1.0")
+    assert ones == sizes.count(1)
+
+
+@pytest.mark.contract
 async def test_client_cancel_and_drain_refusals_are_counted() -> None:
     async with metered(0.01) as m:
         servicer, metrics, srv, stub = m.servicer, m.metrics, m.server, m.stub

@@ -16,6 +16,7 @@ Names (all ``smg_servicer_*``, base units, bounded labels; never a request id):
 | ``smg_servicer_generate_inter_chunk_seconds`` | histogram | |
 | ``smg_servicer_generate_output_tokens_total`` | counter | |
 | ``smg_servicer_generate_messages_total`` | counter | |
+| ``smg_servicer_generate_chunk_tokens`` | histogram | (tokens per streamed chunk: coalescing) |
 | ``smg_servicer_generate_aborts_total`` | counter | ``cause``: abort_rpc, client_cancel, error, |
 | | | shutdown |
 | ``smg_servicer_requests_refused_total`` | counter | ``reason``: the status code, lower case |
@@ -62,6 +63,8 @@ logger = logging.getLogger(__name__)
 RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+#: Tokens per streamed chunk: 1 while a stream keeps up, more when it was behind (core ``stream``).
+CHUNK_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 ABORT_CAUSES = ("abort_rpc", "client_cancel", "error", "shutdown")
 #: Codes that mean "the request was turned away" when nothing was sent yet.
@@ -148,7 +151,7 @@ class _GenerateCall(_Call):
     ``bisect`` into the shared counts) instead of calling through :meth:`Histogram.observe`.
     """
 
-    __slots__ = ("chunked", "gaps", "last", "messages", "tokens")
+    __slots__ = ("chunk_tokens", "chunked", "gaps", "last", "messages", "tokens")
 
     def __init__(self, metrics: ServicerMetrics, rpc: str) -> None:
         super().__init__(metrics, rpc)
@@ -157,6 +160,7 @@ class _GenerateCall(_Call):
         self.tokens = 0
         self.chunked = False
         self.gaps = metrics.inter_chunk
+        self.chunk_tokens = metrics.chunk_tokens
         metrics.streams_in_flight += 1
 
     def message(self, item: Any) -> None:
@@ -166,6 +170,9 @@ class _GenerateCall(_Call):
         if tokens:
             self.chunked = True
             self.tokens += tokens
+            sizes = self.chunk_tokens
+            sizes.counts[bisect_left(sizes.bounds, tokens)] += 1
+            sizes.total += tokens
         elif not self.chunked:  # non-streaming: the ids are in the ``complete``
             self.tokens += len(item.complete.output_ids)
         messages = self.messages
@@ -198,6 +205,7 @@ class ServicerMetrics(Collector):
         self.streams_in_flight = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.inter_chunk = Histogram(GAP_BUCKETS)
+        self.chunk_tokens = Histogram(CHUNK_TOKEN_BUCKETS)
         self.output_tokens = 0
         self.messages = 0
         self.aborts: Counter[str] = Counter()
@@ -277,6 +285,12 @@ class ServicerMetrics(Collector):
             family = HistogramMetricFamily(f"smg_servicer_generate_{name}_seconds", doc)
             family.add_metric([], hist.buckets(), hist.total)
             yield family
+        sizes = HistogramMetricFamily(
+            "smg_servicer_generate_chunk_tokens",
+            "Tokens per streamed chunk (more than one: the stream was behind the engine)",
+        )
+        sizes.add_metric([], self.chunk_tokens.buckets(), self.chunk_tokens.total)
+        yield sizes
         yield CounterMetricFamily(
             "smg_servicer_generate_output_tokens", "Tokens delivered", value=self.output_tokens
         )
