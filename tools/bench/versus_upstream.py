@@ -168,6 +168,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--only", nargs="*", choices=[w.name for w in WORKLOADS], help="these workloads only"
     )
+    parser.add_argument(
+        "--requests", type=int, default=0, help="requests per measurement (0: each workload's)"
+    )
     parser.add_argument("--server-cpus", default="0", help="CPUs of the servers ('' unpinned)")
     parser.add_argument(
         "--client-cpus", default=None, help="CPUs of the load generator (default: the others)"
@@ -187,7 +190,11 @@ def main() -> int:
         others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
         args.client_cpus = ",".join(map(str, others)) or None
     upstream = upstream_env(args.version)
-    workloads = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    workloads = [
+        Workload(w.name, w.concurrency, w.delay_ms, args.requests or w.requests)
+        for w in WORKLOADS
+        if not args.only or w.name in args.only
+    ]
     for delay in sorted({w.delay_ms for w in workloads}):
         with (
             server("ours", delay, upstream, args.version, server_cpus) as (ours, ours_port),

@@ -358,6 +358,31 @@ async def test_client_cancel_of_n2_aborts_every_member(stack: Stack) -> None:
     assert prefix.rid in await _aborted_rids(stack, {prefix.rid})
 
 
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_outputs_waiting_are_taken_together_unless_coalescing_is_off(
+    stack: Stack, coalesce: bool
+) -> None:
+    manager = stack.manager
+    manager.coalesce = coalesce
+    rid = f"coalesce-{coalesce}"
+    manager.open([rid])
+    try:
+        for step in range(1, 4):  # three steps land before the stream reads (it is behind)
+            finish = {"type": "length", "length": 3} if step == 3 else None
+            await stack.scheduler.send(token_output(rid, [10 + step], step, finish))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while manager.waiting(rid) < 3:
+            assert loop.time() < deadline, "the outputs never arrived"
+            await asyncio.sleep(0.01)
+        batches = [[o.token_ids for o in batch] async for batch in manager.stream(rid)]
+    finally:
+        await manager.release([rid])
+        manager.coalesce = True
+    ids = [[11], [12], [13]]
+    assert batches == ([ids] if coalesce else [[i] for i in ids])
+
+
 async def test_kv_events_under_faults() -> None:
     """The reliability suite's KV faults (the publisher killed and restarted, a silent replay,
     a gap) through this servicer: a scripted publisher on SGLang's wire stands in for the

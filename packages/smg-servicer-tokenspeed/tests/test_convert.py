@@ -219,6 +219,26 @@ def test_logprobs_align_with_the_ids_they_belong_to() -> None:
     assert list(final.output_logprobs.token_ids) == [5], "the trimmed stop token's logprob goes"
 
 
+def test_frames_waiting_together_make_the_chunk_the_steps_would_have_made() -> None:
+    """Coalescing: three outputs read at once (ids cumulative, logprobs per output) give one
+    chunk with every new id and its logprob, in order."""
+    outputs = [
+        out([5], completion=1, output_token_logprobs=lp((-0.1, 5))),
+        out([5, 6], completion=2, output_token_logprobs=lp((-0.2, 6))),
+        out([5, 6, 7], completion=3, output_token_logprobs=lp((-0.3, 7))),
+    ]
+    one_by_one = choice(return_logprob=True)
+    steps = [one_by_one.chunk(convert.frame(o)) for o in outputs]
+    together = choice(return_logprob=True)
+    merged = together.chunk(convert.merged([convert.frame(o) for o in outputs]))
+    assert merged is not None and all(s is not None for s in steps)
+    assert list(merged.token_ids) == [t for s in steps if s for t in s.token_ids] == [5, 6, 7]
+    assert list(merged.output_logprobs.token_ids) == [5, 6, 7]
+    assert list(merged.output_logprobs.token_logprobs) == pytest.approx([-0.1, -0.2, -0.3])
+    assert merged.completion_tokens == 3
+    assert convert.merged([convert.frame(outputs[0])]) == convert.frame(outputs[0])
+
+
 def test_aborted_choice_keeps_its_counts() -> None:
     c = choice()
     c.chunk(convert.frame(out([5, 6])))

@@ -259,10 +259,10 @@ class RequestManager:
         outputs, state.outputs = state.outputs[:1], state.outputs[1:]
         return outputs, False
 
-    def waiting(self, rid: str) -> bool:
-        """Whether ``rid`` has outputs not taken yet."""
+    def waiting(self, rid: str) -> int:
+        """How many outputs of ``rid`` are not taken yet."""
         state = self._states.get(rid)
-        return state is not None and bool(state.outputs)
+        return 0 if state is None else len(state.outputs)
 
     async def stream(self, rid: str) -> AsyncIterator[list[Output]]:
         """The outputs of one opened request, in batches, until it finishes."""

@@ -130,13 +130,13 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 mm_settings = launch.mm if launch else resolve_mm_settings(None, environment())
             metrics_config = launch.metrics if launch else resolve(_METRICS, None, environment())
             self.multimodal = MultimodalPath(async_llm, mm_settings)
+            #: vLLM's collector merges the steps a stream is behind on (DELTA outputs); they go
+            #: out as one chunk, or one per token with ``SMG_STREAM_COALESCE=0`` (core ``stream``).
+            self.coalesce = coalescing()
         except ConfigError as exc:
             logger.error("%s", exc)
             raise SystemExit(2) from None
         self.mm_settings = mm_settings
-        #: vLLM's collector merges the steps a stream is behind on (DELTA outputs); they go out
-        #: as one chunk, or one per token with ``SMG_STREAM_COALESCE=0`` (core ``stream``).
-        self.coalesce = coalescing()
         self.loads = LoadTracker()
         self.metrics_server: MetricsServer | None = None
         if metrics is None and (started := start_metrics(metrics_config)) is not None:

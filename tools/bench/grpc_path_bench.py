@@ -1,0 +1,192 @@
+"""The cheapest per-message path ``grpc.aio`` offers, measured: a null server (no engine, no
+servicer logic) streaming ``GenerateResponse`` chunks built per message, in each variant.
+
+    uv run python tools/bench/grpc_path_bench.py [--rounds 3] [--delay-ms 2] [--concurrency 16]
+
+| variant | how a message leaves |
+|---|---|
+| ``generator`` | an async generator yields the protobuf message (what every servicer does) |
+| ``write`` | ``await context.write(message)`` from a coroutine handler |
+| ``bytes`` | the generator yields pre-serialised bytes, registered with an identity serializer |
+| ``generator-asyncio`` | ``generator`` on asyncio's default loop instead of uvloop |
+| ``server-options`` | ``generator`` with write-buffer and BDP-probe channel options changed |
+
+Each variant is a server process (pinned to CPU 0, the load generator ``smg_bench.py`` on the
+others); the variants alternate within each round. One JSON line per measurement, then a
+``summary`` line per variant: its server CPU per 1,000 tokens as a ratio to ``generator``'s in the
+same round (median and range). ``--serve VARIANT --port-file F`` runs one server (used by the
+script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("generator", "write", "bytes", "generator-asyncio", "server-options")
+BENCH = Path(__file__).with_name("smg_bench.py")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _serve(variant: str, port_file: Path, delay_s: float) -> None:
+    import grpc  # noqa: PLC0415
+    import grpc.aio  # noqa: PLC0415
+
+    from smg_servicer_core.proto import vllm_engine_pb2 as pb  # noqa: PLC0415
+
+    chunk_field = pb.GenerateResponse.DESCRIPTOR.fields_by_name["chunk"].number
+    fields = {f.name: f.number for f in pb.GenerateStreamChunk.DESCRIPTOR.fields}
+
+    def tag(number: int, wire_type: int) -> bytes:
+        return _varint(number << 3 | wire_type)
+
+    def chunk_bytes(token: int, count: int) -> bytes:
+        packed = _varint(token)
+        body = (
+            tag(fields["token_ids"], 2) + _varint(len(packed)) + packed
+            + tag(fields["prompt_tokens"], 0) + _varint(16)
+            + tag(fields["completion_tokens"], 0) + _varint(count)
+        )  # fmt: skip
+        return tag(chunk_field, 2) + _varint(len(body)) + body
+
+    def chunk(token: int, count: int) -> Any:
+        return pb.GenerateResponse(
+            chunk=pb.GenerateStreamChunk(
+                token_ids=[token], prompt_tokens=16, completion_tokens=count
+            )
+        )
+
+    expected = pb.GenerateResponse.FromString(chunk_bytes(7, 3))
+    assert expected == chunk(7, 3), "the hand-encoded chunk must equal the protobuf one"
+
+    async def generator(request: Any, context: Any) -> Any:
+        build = chunk_bytes if variant == "bytes" else chunk
+        for i in range(request.sampling_params.max_tokens):
+            await asyncio.sleep(delay_s)
+            yield build(4 + i, i + 1)
+
+    async def write(request: Any, context: Any) -> None:
+        for i in range(request.sampling_params.max_tokens):
+            await asyncio.sleep(delay_s)
+            await context.write(chunk(4 + i, i + 1))
+
+    async def main() -> None:
+        options: list[tuple[str, int]] = []
+        if variant == "server-options":
+            options = [("grpc.http2.write_buffer_size", 0), ("grpc.http2.bdp_probe", 0)]
+        server = grpc.aio.server(options=options)
+        serializer = (lambda b: b) if variant == "bytes" else pb.GenerateResponse.SerializeToString
+        handler = grpc.unary_stream_rpc_method_handler(
+            write if variant == "write" else generator,
+            request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=serializer,
+        )
+        service = "vllm.grpc.engine.VllmEngine"
+        generic = grpc.method_handlers_generic_handler(service, {"Generate": handler})
+        server.add_generic_rpc_handlers((generic,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_file.write_text(str(port))  # noqa: ASYNC240 - once, before serving
+        await server.wait_for_termination()
+
+    if variant == "generator-asyncio":
+        asyncio.run(main())
+        return
+    import uvloop  # noqa: PLC0415
+
+    uvloop.run(main())
+
+
+def _measure(variant: str, port: int, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [
+        sys.executable, str(BENCH), "--target", f"127.0.0.1:{port}", "--wire", "vllm",
+        "--server-pid", str(pid), "--concurrency", str(args.concurrency),
+        "--requests", str(args.requests), "--max-tokens", "128",
+        "--processes", str(min(args.processes, args.concurrency)), "--label", variant,
+    ]  # fmt: skip
+    if args.client_cpus:
+        cmd += ["--client-cpus", args.client_cpus]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"{variant}: the load generator failed\n{out.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--delay-ms", type=float, default=2.0, help="time between tokens")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--server-cpus", default="0")
+    parser.add_argument("--client-cpus", default=None)
+    args = parser.parse_args()
+    if args.serve:
+        _serve(args.serve, args.port_file, args.delay_ms / 1000)
+        return 0
+    from smg_bench import cpu_list  # noqa: PLC0415 - beside this script
+    from smg_servicer_core.testing.process import spawn_with_port_file  # noqa: PLC0415
+
+    server_cpus = cpu_list(args.server_cpus) if args.server_cpus else set()
+    if args.client_cpus is None and server_cpus:
+        others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
+        args.client_cpus = ",".join(map(str, others)) or None
+    servers = {}
+    try:
+        for variant in VARIANTS:
+            port_file = Path(tempfile.mkdtemp()) / "port"
+            cmd = [sys.executable, __file__, "--serve", variant, "--port-file", str(port_file),
+                   "--delay-ms", str(args.delay_ms)]  # fmt: skip
+            servers[variant] = spawn_with_port_file(cmd, port_file, cpus=server_cpus, output=None)
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for round_ in range(args.rounds):
+            order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
+            got = {}
+            for variant in order:
+                proc, port = servers[variant]
+                got[variant] = _measure(variant, port, proc.pid, args)
+                print(json.dumps(got[variant]), flush=True)
+            rounds.append(got)
+        for variant in VARIANTS:
+            key = "server_cpu_ms_per_1k_tokens"
+            ratios = [r[variant][key] / r["generator"][key] for r in rounds]
+            print(json.dumps({
+                "summary": variant,
+                "server_cpu_ms_per_1k_tokens_median": statistics.median(
+                    r[variant]["server_cpu_ms_per_1k_tokens"] for r in rounds),
+                "ratio_to_generator_median": round(statistics.median(ratios), 3),
+                "ratio_min": round(min(ratios), 3),
+                "ratio_max": round(max(ratios), 3),
+            }), flush=True)  # fmt: skip
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    raise SystemExit(main())
