@@ -1,9 +1,9 @@
 """The fake engine. Tokens are a deterministic function of the prompt and the step.
 
-It steps each request on its own task and hands outputs over through a collector with vLLM's
-merging semantics, so a reader that falls behind gets the steps it missed as one output, as it
-does from vLLM (the servicer's coalescing is measured against that, not against an engine that
-makes a token only when asked for one)."""
+One engine loop steps every running request at once, and outputs go through a collector with
+vLLM's merging semantics, so a reader that falls behind gets the steps it missed as one output,
+as it does from vLLM (the servicer's coalescing is measured against that, not against an engine
+that makes a token only when asked for one)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,20 @@ class _Processor:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.running)
+
+
+@dataclass
+class _Run:
+    """One request in the fake engine."""
+
+    request_id: str
+    ids: list[int]
+    max_tokens: int
+    delta: bool
+    collector: _Collector
+    done: list[list[int]]
+    stop: asyncio.Event
+    step: int = 0
 
 
 class _Collector:
@@ -120,6 +134,9 @@ class FakeAsyncLLM:
         self.output_processor = _Processor()
         self.aborted: list[str] = []
         self._stops: dict[str, asyncio.Event] = {}
+        self._runs: dict[str, _Run] = {}
+        self._stepper: asyncio.Task[None] | None = None
+        self._work = asyncio.Event()
         self.model_config = SimpleNamespace(
             model="fake-model",
             served_model_name="fake-model",
@@ -167,76 +184,80 @@ class FakeAsyncLLM:
     async def generate(
         self, prompt: Any, sampling_params: Any, request_id: str, **_: Any
     ) -> AsyncIterator[FakeRequestOutput]:
-        """vLLM's shape: the engine steps on its own (a task here, vLLM's output handler there)
-        and puts each step into the request's collector, which merges DELTA outputs while the
-        reader is behind; the reader takes whatever is there."""
-        collector = _Collector(_kind(sampling_params) == DELTA)
-        stop = self._stops[request_id] = asyncio.Event()
+        """vLLM's shape: one engine loop steps every running request at once (vLLM's engine core
+        and output handler) and puts each step into the request's collector, which merges DELTA
+        outputs while the reader is behind; the reader takes whatever is there."""
+        n = int(getattr(sampling_params, "n", 1) or 1)
+        run = _Run(
+            request_id,
+            _prompt_ids(prompt),
+            sampling_params.max_tokens or 16,
+            delta=_kind(sampling_params) == DELTA,
+            collector=_Collector(_kind(sampling_params) == DELTA),
+            done=[[] for _ in range(n)],
+            stop=asyncio.Event(),
+        )
+        self._stops[request_id] = run.stop
         self.output_processor.running.add(request_id)
-        steps = asyncio.ensure_future(self._steps(prompt, sampling_params, request_id, collector))
+        self._runs[request_id] = run
+        self._start_stepping()
         try:
             while True:
-                output = await collector.get()
+                output = await run.collector.get()
                 yield output
                 if output.finished:
                     return
         finally:
-            steps.cancel()
-            stop.set()
+            run.stop.set()
+            self._runs.pop(request_id, None)
             self.output_processor.running.discard(request_id)
             self._stops.pop(request_id, None)
 
-    async def _steps(
-        self, prompt: Any, params: Any, request_id: str, collector: _Collector
-    ) -> None:
-        ids = _prompt_ids(prompt)
-        vocab = int(self.model_config.get_vocab_size())
-        max_tokens = params.max_tokens or 16
-        n = int(getattr(params, "n", 1) or 1)
-        delta = _kind(params) == DELTA
-        stop = self._stops[request_id]
-        done: list[list[int]] = [[] for _ in range(n)]
-        try:
-            for step in range(max_tokens):
-                await asyncio.sleep(self.token_delay_s)
-                if self.raise_after is not None and step == self.raise_after[0]:
-                    raise self.raise_after[1]
-                last = step == max_tokens - 1
-                reason = "abort" if stop.is_set() else ("length" if last else None)
-                tokens = (
-                    []
-                    if stop.is_set()
-                    else [derived_token(ids, step + 97 * i, vocab) for i in range(n)]
-                )
-                for i, token in enumerate(tokens):
-                    done[i].append(token)
-                if delta:
-                    collector.put(
-                        FakeRequestOutput(
-                            request_id,
-                            ids,
-                            [
-                                FakeCompletion(
-                                    i, [tokens[i]] if tokens else [], finish_reason=reason
-                                )
-                                for i in range(n)
-                            ],
-                            finished=reason is not None,
-                        )
-                    )
-                if reason is not None:
-                    break
-            if not delta:
-                collector.put(
-                    FakeRequestOutput(
-                        request_id,
-                        ids,
-                        [FakeCompletion(i, done[i], finish_reason="length") for i in range(n)],
-                        finished=True,
-                    )
-                )
-        except Exception as exc:  # the engine's fault reaches the reader, as in vLLM
-            collector.put(exc)
+    def _start_stepping(self) -> None:
+        loop = asyncio.get_running_loop()
+        stepper = self._stepper
+        if stepper is None or stepper.done() or stepper.get_loop() is not loop:
+            self._stepper = loop.create_task(self._step_all())
+        self._work.set()
+
+    async def _step_all(self) -> None:
+        """The engine: every ``token_delay_s`` one step of every running request."""
+        while True:
+            if not self._runs:
+                self._work.clear()
+                await self._work.wait()
+            await asyncio.sleep(self.token_delay_s)
+            vocab = int(self.model_config.get_vocab_size())
+            for run in list(self._runs.values()):
+                if not self._step(run, vocab):
+                    self._runs.pop(run.request_id, None)
+
+    def _step(self, run: _Run, vocab: int) -> bool:
+        """One step of ``run``; False once it has put its last output."""
+        step = run.step
+        run.step += 1
+        if self.raise_after is not None and step == self.raise_after[0]:
+            run.collector.put(self.raise_after[1])  # the engine's fault reaches the reader
+            return False
+        last = step == run.max_tokens - 1
+        reason = "abort" if run.stop.is_set() else ("length" if last else None)
+        n = len(run.done)
+        tokens = [] if run.stop.is_set() else [derived_token(run.ids, step + 97 * i, vocab)
+                                               for i in range(n)]  # fmt: skip
+        for i, token in enumerate(tokens):
+            run.done[i].append(token)
+        if run.delta:
+            completions = [
+                FakeCompletion(i, [tokens[i]] if tokens else [], finish_reason=reason)
+                for i in range(n)
+            ]
+            run.collector.put(
+                FakeRequestOutput(run.request_id, run.ids, completions, finished=reason is not None)
+            )
+        elif reason is not None:
+            completions = [FakeCompletion(i, run.done[i], finish_reason=reason) for i in range(n)]
+            run.collector.put(FakeRequestOutput(run.request_id, run.ids, completions, True))
+        return reason is None
 
     async def reset_prefix_cache(self, *_: Any) -> bool:
         return self.flush_succeeds
