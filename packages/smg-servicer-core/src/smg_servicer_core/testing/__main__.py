@@ -17,6 +17,7 @@ from smg_servicer_core.config import environment
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.server import serve
+from smg_servicer_core.stream import coalescing
 from smg_servicer_core.testing.fake_engine import FakeEngine, FakeScript
 from smg_servicer_core.testing.fake_servicer import SERVICE_NAME, FakeEngineServicer
 
@@ -47,6 +48,7 @@ async def _main(args: argparse.Namespace) -> int:
         ),
         ready_delay_s=args.ready_delay_s,
         shutdown_delay_s=args.shutdown_delay_s,
+        coalesce=coalescing(),
     )
     health = HealthFrame(SERVICE_NAME)
     metrics = start_metrics(resolved)

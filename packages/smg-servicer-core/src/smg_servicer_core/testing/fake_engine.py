@@ -69,6 +69,7 @@ class FakeEngine:
         script: FakeScript | None = None,
         ready_delay_s: float = 0.0,
         shutdown_delay_s: float = 0.0,
+        coalesce: bool = True,
     ) -> None:
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -87,7 +88,7 @@ class FakeEngine:
         #: A reason here makes the health probe fail (None: healthy).
         self.unhealthy: str | None = None
         #: Hand a late reader every output it missed at once (core ``stream``).
-        self.coalesce = True
+        self.coalesce = coalesce
 
     # lifecycle -----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """``python -m smg_servicer_vllm.testing --port P [--token-delay-ms D] [--port-file F]
-[--kv-endpoint E [--kv-replay-endpoint R]]``: serve ``VllmEngineServicer`` over
-:class:`FakeAsyncLLM` (the servicer-cost benchmark's target; with a KV-event publisher to relay,
-the reliability suite's KV faults).
+[--tokenizer DIR] [--kv-endpoint E [--kv-replay-endpoint R]]``: serve ``VllmEngineServicer`` over
+:class:`FakeAsyncLLM` (the servicer-cost benchmark's target; with a tokenizer, a worker the real
+router takes; with a KV-event publisher to relay, the reliability suite's KV faults).
 
 vLLM must be importable (the servicer builds vLLM's ``SamplingParams``), but no engine runs.
 """
@@ -25,7 +25,9 @@ async def _main(args: argparse.Namespace) -> int:
 
     configure_logging("warning")
     kv_events = (args.kv_endpoint, args.kv_replay_endpoint) if args.kv_endpoint else None
-    engine = FakeAsyncLLM(token_delay_s=args.token_delay_ms / 1000, kv_events=kv_events)
+    engine = FakeAsyncLLM(
+        token_delay_s=args.token_delay_ms / 1000, kv_events=kv_events, tokenizer=args.tokenizer
+    )
     servicer = VllmEngineServicer(engine, 0.0)
 
     def register(server: object) -> None:
@@ -52,6 +54,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--port-file", type=Path, default=None)
+    parser.add_argument(
+        "--tokenizer",
+        default="",
+        help="a tokenizer directory for GetTokenizer (a router needs one)",
+    )
     parser.add_argument("--kv-endpoint", default=None, help="a KV-event publisher to relay")
     parser.add_argument("--kv-replay-endpoint", default=None, help="its replay endpoint")
     args = parser.parse_args()

@@ -121,6 +121,7 @@ class FakeAsyncLLM:
         max_model_len: int = 2048,
         token_delay_s: float = 0.0,
         kv_events: tuple[str, str | None] | None = None,
+        tokenizer: str = "",
     ) -> None:
         """``kv_events``: (endpoint, replay endpoint) of a ZMQ publisher to report as this
         engine's KV-event publisher (a scripted one stands in for vLLM's)."""
@@ -140,7 +141,7 @@ class FakeAsyncLLM:
         self.model_config = SimpleNamespace(
             model="fake-model",
             served_model_name="fake-model",
-            tokenizer="",
+            tokenizer=tokenizer,
             max_model_len=max_model_len,
             runner_type="generate",
             hf_config=SimpleNamespace(
