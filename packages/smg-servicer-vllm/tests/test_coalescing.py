@@ -48,7 +48,7 @@ async def _read(stream: AsyncIterator[Any], lag_after_first: bool) -> list[Any]:
 
 
 def _request(logprobs: int | None = None) -> pb.GenerateRequest:
-    extra = {} if logprobs is None else {"logprobs": logprobs}
+    extra: dict[str, Any] = {} if logprobs is None else {"logprobs": logprobs}
     return generate_request(
         "vllm", [5, 6, 7, 8], max_tokens=MAX_TOKENS, stream=True, temperature=0.0,
         ignore_eos=True, **extra,

@@ -67,12 +67,16 @@ class _Collector:
 
     def __init__(self, aggregate: bool) -> None:
         self.aggregate = aggregate
-        self.output: FakeRequestOutput | Exception | None = None
+        self.output: FakeRequestOutput | BaseException | None = None
         self.ready = asyncio.Event()
 
-    def put(self, output: FakeRequestOutput | Exception) -> None:
+    def put(self, output: FakeRequestOutput | BaseException) -> None:
         waiting = self.output
-        if waiting is None or isinstance(output, Exception) or isinstance(waiting, Exception):
+        if (
+            waiting is None
+            or isinstance(waiting, BaseException)
+            or isinstance(output, BaseException)
+        ):
             self.output = output
             self.ready.set()
             return
@@ -95,7 +99,7 @@ class _Collector:
             await self.ready.wait()
         self.output = None
         self.ready.clear()
-        if isinstance(output, Exception):
+        if isinstance(output, BaseException):
             raise output
         return output
 
