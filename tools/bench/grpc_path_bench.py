@@ -9,7 +9,9 @@ servicer logic) streaming ``GenerateResponse`` chunks built per message, in each
 | ``write`` | ``await context.write(message)`` from a coroutine handler |
 | ``bytes`` | the generator yields pre-serialised bytes, registered with an identity serializer |
 | ``generator-asyncio`` | ``generator`` on asyncio's default loop instead of uvloop |
-| ``server-options`` | ``generator`` with write-buffer and BDP-probe channel options changed |
+| ``bdp-probe-off`` | ``generator`` with ``grpc.http2.bdp_probe`` 0 |
+| ``write-buffer-0`` | ``generator`` with ``grpc.http2.write_buffer_size`` 0 |
+| ``vllm-servicer`` | our vLLM servicer over its fake engine at the same pace (what it adds) |
 
 Each variant is a server process (pinned to CPU 0, the load generator ``smg_bench.py`` on the
 others); the variants alternate within each round. One JSON line per measurement, then a
@@ -31,7 +33,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("generator", "write", "bytes", "generator-asyncio", "server-options")
+VARIANTS = (
+    "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
+    "vllm-servicer",
+)  # fmt: skip
+#: The channel options each options variant changes (``generator`` otherwise).
+OPTIONS: dict[str, list[tuple[str, int]]] = {
+    "bdp-probe-off": [("grpc.http2.bdp_probe", 0)],
+    "write-buffer-0": [("grpc.http2.write_buffer_size", 0)],
+}
 BENCH = Path(__file__).with_name("smg_bench.py")
 
 
@@ -87,10 +97,7 @@ def _serve(variant: str, port_file: Path, delay_s: float) -> None:
             await context.write(chunk(4 + i, i + 1))
 
     async def main() -> None:
-        options: list[tuple[str, int]] = []
-        if variant == "server-options":
-            options = [("grpc.http2.write_buffer_size", 0), ("grpc.http2.bdp_probe", 0)]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=OPTIONS.get(variant, []))
         serializer = (lambda b: b) if variant == "bytes" else pb.GenerateResponse.SerializeToString
         handler = grpc.unary_stream_rpc_method_handler(
             write if variant == "write" else generator,
@@ -136,6 +143,10 @@ def main() -> int:
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+        help="these variants only (generator, the reference, always runs)",
+    )  # fmt: skip
     parser.add_argument("--delay-ms", type=float, default=2.0, help="time between tokens")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64)
@@ -153,23 +164,29 @@ def main() -> int:
     if args.client_cpus is None and server_cpus:
         others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
         args.client_cpus = ",".join(map(str, others)) or None
+    variants = ["generator", *(v for v in args.variants if v != "generator")]
     servers = {}
     try:
-        for variant in VARIANTS:
+        for variant in variants:
             port_file = Path(tempfile.mkdtemp()) / "port"
             cmd = [sys.executable, __file__, "--serve", variant, "--port-file", str(port_file),
                    "--delay-ms", str(args.delay_ms)]  # fmt: skip
-            servers[variant] = spawn_with_port_file(cmd, port_file, cpus=server_cpus, output=None)
+            if variant == "vllm-servicer":
+                cmd = [sys.executable, "-m", "smg_servicer_vllm.testing", "--port-file",
+                       str(port_file), "--token-delay-ms", str(args.delay_ms)]  # fmt: skip
+            servers[variant] = spawn_with_port_file(
+                cmd, port_file, cpus=server_cpus, output=None, timeout_s=120
+            )
         rounds: list[dict[str, dict[str, Any]]] = []
         for round_ in range(args.rounds):
-            order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
+            order = variants if round_ % 2 == 0 else variants[::-1]
             got = {}
             for variant in order:
                 proc, port = servers[variant]
                 got[variant] = _measure(variant, port, proc.pid, args)
                 print(json.dumps(got[variant]), flush=True)
             rounds.append(got)
-        for variant in VARIANTS:
+        for variant in variants:
             key = "server_cpu_ms_per_1k_tokens"
             ratios = [r[variant][key] / r["generator"][key] for r in rounds]
             print(json.dumps({

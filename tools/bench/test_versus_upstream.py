@@ -59,7 +59,10 @@ def test_grpc_path_bench_compares_every_variant() -> None:
     lines = _lines("grpc_path_bench.py", "--rounds", "1", "--requests", "4",
                    "--concurrency", "2", "--delay-ms", "0")  # fmt: skip
     summaries = {line["summary"]: line for line in lines if "summary" in line}
-    assert set(summaries) == {"generator", "write", "bytes", "generator-asyncio", "server-options"}
+    assert set(summaries) == {
+        "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
+        "vllm-servicer",
+    }  # fmt: skip
     assert summaries["generator"]["ratio_to_generator_median"] == 1.0
     measured = [line for line in lines if "label" in line]
     assert all(m["ok"] == 4 and m["output_tokens"] == 4 * 128 for m in measured)
