@@ -60,7 +60,7 @@ class LoadTracker:
                 self._buckets[-1] = (index, self._buckets[-1][1] + count)
             else:
                 self._buckets.append((index, count))
-            self._expire(index)
+                self._expire(index)
 
     def record_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
         if prompt_tokens <= 0:

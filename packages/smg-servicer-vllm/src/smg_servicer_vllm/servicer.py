@@ -102,6 +102,23 @@ def trace_headers(context: Context) -> dict[str, str] | None:
     return found or None
 
 
+def _chunk(delta: list[int], common: dict[str, Any]) -> pb.GenerateResponse:
+    """A stream chunk of ``delta``, built in place (a nested message passed to a constructor is
+    copied: twice the cost, once per streamed message)."""
+    response = pb.GenerateResponse()
+    chunk = response.chunk
+    chunk.token_ids.extend(delta)
+    chunk.completion_tokens = len(delta)
+    chunk.prompt_tokens = common["prompt_tokens"]
+    chunk.cached_tokens = common["cached_tokens"]
+    chunk.index = common["index"]
+    if (out_lp := common["output_logprobs"]) is not None:
+        chunk.output_logprobs.CopyFrom(out_lp)
+    if (in_lp := common["input_logprobs"]) is not None:
+        chunk.input_logprobs.CopyFrom(in_lp)
+    return response
+
+
 @dataclass
 class _Choice:
     count: int = 0
@@ -294,24 +311,14 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 for i in range(len(delta) - 1):
                     step = delta[i : i + 1]
                     lp = None if positions is None else positions[i : i + 1]
-                    yield pb.GenerateResponse(
-                        chunk=pb.GenerateStreamChunk(
-                            token_ids=step,
-                            completion_tokens=1,
-                            output_logprobs=convert.output_logprobs(step, lp, top_n),
-                            **common,
-                        )
-                    )
+                    common["output_logprobs"] = convert.output_logprobs(step, lp, top_n)
+                    yield _chunk(step, common)
                     common["input_logprobs"] = None
                 delta = delta[-1:]
                 positions = None if positions is None else positions[-1:]
             common["output_logprobs"] = convert.output_logprobs(delta, positions, top_n)
             if stream and (delta or in_lp is not None):
-                yield pb.GenerateResponse(
-                    chunk=pb.GenerateStreamChunk(
-                        token_ids=delta, completion_tokens=len(delta), **common
-                    )
-                )
+                yield _chunk(delta, common)
                 common["output_logprobs"] = common["input_logprobs"] = None
             if completion.finish_reason is None:
                 continue
