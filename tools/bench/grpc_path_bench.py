@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +40,6 @@ OPTIONS: dict[str, list[tuple[str, int]]] = {
     "bdp-probe-off": [("grpc.http2.bdp_probe", 0)],
     "write-buffer-0": [("grpc.http2.write_buffer_size", 0)],
 }
-BENCH = Path(__file__).with_name("smg_bench.py")
 
 
 def _varint(n: int) -> bytes:
@@ -120,22 +117,6 @@ def _serve(variant: str, port_file: Path, delay_s: float) -> None:
     uvloop.run(main())
 
 
-def _measure(variant: str, port: int, pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [
-        sys.executable, str(BENCH), "--target", f"127.0.0.1:{port}", "--wire", "vllm",
-        "--server-pid", str(pid), "--concurrency", str(args.concurrency),
-        "--requests", str(args.requests), "--max-tokens", "128",
-        "--processes", str(min(args.processes, args.concurrency)), "--label", variant,
-    ]  # fmt: skip
-    if args.client_cpus:
-        cmd += ["--client-cpus", args.client_cpus]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
-    if out.returncode != 0:
-        raise SystemExit(f"{variant}: the load generator failed\n{out.stderr[-2000:]}")
-    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return report
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,13 +138,11 @@ def main() -> int:
     if args.serve:
         _serve(args.serve, args.port_file, args.delay_ms / 1000)
         return 0
-    from smg_bench import cpu_list  # noqa: PLC0415 - beside this script
+    from smg_bench import client_cpus_beside, cpu_list, measure  # noqa: PLC0415 - beside it
     from smg_servicer_core.testing.process import spawn_with_port_file  # noqa: PLC0415
 
     server_cpus = cpu_list(args.server_cpus) if args.server_cpus else set()
-    if args.client_cpus is None and server_cpus:
-        others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
-        args.client_cpus = ",".join(map(str, others)) or None
+    client_cpus = client_cpus_beside(server_cpus, args.client_cpus)
     variants = ["generator", *(v for v in args.variants if v != "generator")]
     servers = {}
     try:
@@ -183,7 +162,10 @@ def main() -> int:
             got = {}
             for variant in order:
                 proc, port = servers[variant]
-                got[variant] = _measure(variant, port, proc.pid, args)
+                got[variant] = measure(
+                    port, proc.pid, concurrency=args.concurrency, requests=args.requests,
+                    processes=args.processes, label=variant, client_cpus=client_cpus,
+                )  # fmt: skip
                 print(json.dumps(got[variant]), flush=True)
             rounds.append(got)
         for variant in variants:
@@ -205,5 +187,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     raise SystemExit(main())

@@ -195,28 +195,19 @@ async def run_load(
 
 async def _child(args: argparse.Namespace) -> None:
     """One load process of ``--processes``: warm up, say ``ready``, wait for ``go`` on stdin,
-    run, print the raw results as one JSON line."""
+    run, print the raw results and its CPU seconds since ``go`` as one JSON line."""
     loop = asyncio.get_running_loop()
+    cpu_at_go = 0.0
 
     async def go() -> None:
+        nonlocal cpu_at_go
         print("ready", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
+        cpu_at_go = _client_cpu_s()
 
-    cpu = 0.0
-
-    async def measured() -> tuple[list[StreamResult], float]:
-        nonlocal cpu
-
-        async def go_and_clock() -> None:
-            nonlocal cpu
-            await go()
-            cpu = _client_cpu_s()
-
-        return await run_load(args, args.target, go_and_clock)
-
-    results, wall = await measured()
+    results, wall = await run_load(args, args.target, go)
     raw = [[r.tokens, r.messages, r.ttft_s, r.gaps_s, r.total_s, r.error] for r in results]
-    print(json.dumps({"results": raw, "wall_s": wall, "cpu_s": _client_cpu_s() - cpu}), flush=True)
+    print(json.dumps({"results": raw, "wall_s": wall, "cpu_s": _client_cpu_s() - cpu_at_go}))
 
 
 def _spread(total: int, parts: int) -> list[int]:
@@ -266,7 +257,8 @@ def run_processes(
         server_cpu = (sampler.cpu_s() - server_before) if sampler else 0.0
     finally:
         for child in children:
-            child.kill() if child.poll() is None else None
+            if child.poll() is None:
+                child.kill()
             child.wait()
     results = [
         StreamResult(tokens=t, messages=m, ttft_s=ttft, gaps_s=gaps, total_s=total, error=err)
@@ -388,6 +380,40 @@ def cpu_list(spec: str) -> set[int]:
         low, _, high = part.partition("-")
         cpus.update(range(int(low), int(high or low) + 1))
     return cpus
+
+
+def client_cpus_beside(server_cpus: set[int], client_cpus: str | None) -> str | None:
+    """The load generator's CPU list: as given, else every CPU the server is not pinned to."""
+    if client_cpus is not None or not server_cpus:
+        return client_cpus
+    others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
+    return ",".join(map(str, others)) or None
+
+
+def measure(
+    port: int,
+    pid: int,
+    *,
+    concurrency: int,
+    requests: int,
+    processes: int,
+    label: str,
+    client_cpus: str | None,
+) -> dict[str, Any]:
+    """One run of this script in its own process against the vLLM wire on 127.0.0.1:``port``
+    (``pid``'s process tree measured, 128-token streams): its report. Exits on a failed run."""
+    cmd = [
+        sys.executable, __file__, "--target", f"127.0.0.1:{port}", "--wire", "vllm",
+        "--server-pid", str(pid), "--concurrency", str(concurrency), "--requests", str(requests),
+        "--max-tokens", "128", "--processes", str(min(processes, concurrency)), "--label", label,
+    ]  # fmt: skip
+    if client_cpus:
+        cmd += ["--client-cpus", client_cpus]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise SystemExit(f"{label}: the load generator failed\n{out.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
 
 
 def _event_loop_runner() -> tuple[str, Any]:

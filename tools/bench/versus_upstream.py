@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from smg_bench import client_cpus_beside, cpu_list, measure  # beside this script
 from smg_servicer_core.testing.process import spawn_with_port_file
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = Path(__file__).with_name("smg_bench.py")
 UPSTREAM_SERVER = Path(__file__).with_name("upstream_vllm_fake.py")
 UPSTREAM = "smg-grpc-servicer"
 
@@ -114,22 +114,13 @@ def server(
             proc.wait(30)
 
 
-def measure(
+def run(
     arm: str, workload: Workload, port: int, pid: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    processes = min(args.processes, workload.concurrency)
-    cmd = [
-        sys.executable, str(BENCH), "--target", f"127.0.0.1:{port}", "--wire", "vllm",
-        "--server-pid", str(pid), "--concurrency", str(workload.concurrency),
-        "--requests", str(workload.requests), "--max-tokens", "128",
-        "--processes", str(processes), "--label", f"{arm}:{workload.name}",
-    ]  # fmt: skip
-    if args.client_cpus:
-        cmd += ["--client-cpus", args.client_cpus]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
-    if out.returncode != 0 or not out.stdout.strip():
-        raise SystemExit(f"{arm} {workload.name}: the load generator failed\n{out.stderr[-2000:]}")
-    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    report = measure(
+        port, pid, concurrency=workload.concurrency, requests=workload.requests,
+        processes=args.processes, label=f"{arm}:{workload.name}", client_cpus=args.client_cpus,
+    )  # fmt: skip
     report.update(arm=arm, workload=workload.name)
     return report
 
@@ -182,13 +173,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    from smg_bench import cpu_list  # noqa: PLC0415 - beside this script
-
     args = parse_args()
     server_cpus = cpu_list(args.server_cpus) if args.server_cpus else set()
-    if args.client_cpus is None and server_cpus:
-        others = sorted(set(range(os.cpu_count() or 1)) - server_cpus)
-        args.client_cpus = ",".join(map(str, others)) or None
+    args.client_cpus = client_cpus_beside(server_cpus, args.client_cpus)
     upstream = upstream_env(args.version)
     workloads = [
         Workload(w.name, w.concurrency, w.delay_ms, args.requests or w.requests)
@@ -202,20 +189,15 @@ def main() -> int:
         ):
             arms = {"ours": (ours_port, ours.pid), "upstream": (theirs_port, theirs.pid)}
             for workload in (w for w in workloads if w.delay_ms == delay):
-                for arm, (port, pid) in arms.items():  # warm-up, not reported
-                    measure(
-                        arm,
-                        Workload(workload.name, workload.concurrency, delay, 64),
-                        port,
-                        pid,
-                        args,
-                    )
+                warm_up = Workload(workload.name, workload.concurrency, delay, 64)
+                for arm, (port, pid) in arms.items():  # not reported
+                    run(arm, warm_up, port, pid, args)
                 pairs: list[Pair] = []
                 for round_ in range(args.rounds):
                     order = ("ours", "upstream") if round_ % 2 == 0 else ("upstream", "ours")
                     got = {}
                     for arm in order:
-                        got[arm] = measure(arm, workload, *arms[arm], args)
+                        got[arm] = run(arm, workload, *arms[arm], args)
                         print(json.dumps(got[arm]), flush=True)
                     pairs.append((got["ours"], got["upstream"]))
                 print(json.dumps(summary(workload, pairs)), flush=True)
@@ -223,5 +205,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     raise SystemExit(main())
