@@ -145,10 +145,12 @@ class _Call:
 
 
 class _GenerateCall(_Call):
-    """A ``Generate`` stream: tokens, messages, first-token time and gaps, refusals.
+    """A ``Generate`` stream: tokens, messages, tokens per chunk, first-token time and gaps,
+    refusals.
 
-    ``message`` runs once per streamed message, so it inlines the gap histogram's update (one
-    ``bisect`` into the shared counts) instead of calling through :meth:`Histogram.observe`.
+    ``message`` runs once per streamed message, so it inlines the chunk-size and gap histograms'
+    updates (one ``bisect`` each into the shared counts) instead of calling through
+    :meth:`Histogram.observe`.
     """
 
     __slots__ = ("chunk_tokens", "chunked", "gaps", "last", "messages", "tokens")

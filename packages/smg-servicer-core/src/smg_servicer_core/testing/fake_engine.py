@@ -149,7 +149,14 @@ class FakeEngine:
         self.running[request_id] = running
         queue: asyncio.Queue[FakeOutput | BaseException] = asyncio.Queue()
         steps = asyncio.ensure_future(
-            self._steps(request_id, prompt_ids, max_tokens, stop_token_ids, into=(running, queue))
+            self._steps(
+                request_id,
+                prompt_ids,
+                max_tokens=max_tokens,
+                stop_token_ids=stop_token_ids,
+                running=running,
+                queue=queue,
+            )
         )
         try:
             while True:
@@ -175,12 +182,12 @@ class FakeEngine:
         self,
         request_id: str,
         prompt_ids: Sequence[int],
+        *,
         max_tokens: int,
         stop_token_ids: Sequence[int],
-        *,
-        into: tuple[_Running, asyncio.Queue[FakeOutput | BaseException]],
+        running: _Running,
+        queue: asyncio.Queue[FakeOutput | BaseException],
     ) -> None:
-        running, queue = into
         script = self.script_for(request_id)
         tokens = list(script.tokens) if script.tokens is not None else None
         limit = min(max_tokens, len(tokens)) if tokens is not None else max_tokens
