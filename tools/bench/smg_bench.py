@@ -286,9 +286,7 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
         "inter_chunk_ms_p50": _round(_pct(gaps, 50)),
         "inter_chunk_ms_p99": _round(_pct(gaps, 99)),
         "held_back_share": round(sum(r.held_back for r in ok) / len(ok), 4) if ok else None,
-        "tokens_per_message": round(tokens / messages, 3)
-        if (messages := sum(r.messages for r in ok))
-        else None,
+        "tokens_per_message": round(tokens / messages, 3) if messages else None,
         "errors": dict(Counter(r.error for r in results if r.error is not None)),
     }
 
