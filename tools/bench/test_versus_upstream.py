@@ -13,6 +13,7 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
+import grpc_path_bench  # noqa: E402
 import versus_upstream  # noqa: E402
 
 
@@ -54,10 +55,26 @@ def test_versus_upstream_measures_both_arms_alternated() -> None:
     assert summary["server_cpu_ms_per_1k_tokens"]["ratio_median"] > 0
 
 
+@pytest.mark.unit
+def test_a_round_too_short_for_the_cpu_clock_gives_no_ratio() -> None:
+    key = "server_cpu_ms_per_1k_tokens"
+    rounds = [
+        {"generator": {key: 30.0}, "write": {key: 15.0}},
+        {"generator": {key: 0.0}, "write": {key: 10.0}},  # under one clock tick
+        {"generator": {key: 20.0}, "write": {key: 0.0}},
+    ]
+    assert grpc_path_bench.summary("write", rounds) == {
+        "summary": "write", f"{key}_median": 10.0, "rounds_measured": 1,
+        "ratio_to_generator_median": 0.5, "ratio_min": 0.5, "ratio_max": 0.5,
+    }  # fmt: skip
+    unmeasured = grpc_path_bench.summary("write", rounds[1:2])
+    assert unmeasured["rounds_measured"] == 0 and "ratio_to_generator_median" not in unmeasured
+
+
 @pytest.mark.contract
 def test_grpc_path_bench_compares_every_variant() -> None:
-    lines = _lines("grpc_path_bench.py", "--rounds", "1", "--requests", "4",
-                   "--concurrency", "2", "--delay-ms", "0")  # fmt: skip
+    lines = _lines("grpc_path_bench.py", "--rounds", "1", "--requests", "16",
+                   "--concurrency", "4", "--delay-ms", "0")  # fmt: skip
     summaries = {line["summary"]: line for line in lines if "summary" in line}
     assert set(summaries) == {
         "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
@@ -65,4 +82,4 @@ def test_grpc_path_bench_compares_every_variant() -> None:
     }  # fmt: skip
     assert summaries["generator"]["ratio_to_generator_median"] == 1.0
     measured = [line for line in lines if "label" in line]
-    assert all(m["ok"] == 4 and m["output_tokens"] == 4 * 128 for m in measured)
+    assert all(m["ok"] == 16 and m["output_tokens"] == 16 * 128 for m in measured)
