@@ -88,7 +88,7 @@ async def test_a_text_model_refuses_images_as_invalid_argument(fake_stack: tuple
 
 
 @pytest.mark.contract
-def test_constructing_the_servicer_freezes_the_start_up_heap(
+async def test_constructing_the_servicer_freezes_the_start_up_heap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # vLLM's launcher builds the servicer after AsyncLLM has started: the one moment we get to

@@ -377,7 +377,7 @@ async def test_no_result_key_is_left_without_a_ttl(worker, control, sidecar) -> 
     assert not await control.exists(keys_of(servicer).hello)
 
 
-def test_without_the_redis_client_the_worker_exits_2_naming_the_extra(tiny_vlm: Path) -> None:
+async def test_without_the_redis_client_the_worker_exits_2_naming_the_extra(tiny_vlm: Path) -> None:
     code = (
         "import sys\n"
         "class Block:\n"
@@ -398,7 +398,8 @@ def test_without_the_redis_client_the_worker_exits_2_naming_the_extra(tiny_vlm: 
     import subprocess
     import sys
 
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True
-    )
+    out = await asyncio.to_thread(  # the session's loop serves the other modules' workers
+        subprocess.run,
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True,
+    )  # fmt: skip
     assert "pip install 'smg-servicer-vllm[redis]'" in out.stdout
