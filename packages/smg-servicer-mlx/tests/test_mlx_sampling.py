@@ -57,6 +57,25 @@ async def test_top_k_one_is_greedy_and_min_p_runs(mlx_stack) -> None:
     assert sampled.completion_tokens == 12
 
 
+async def test_a_top_k_past_the_vocabulary_keeps_every_token(mlx_stack) -> None:
+    # mlx-lm's top-k filter raises on k >= vocab inside the batch step, which ended the engine
+    # thread (and the worker) for every request in flight: the reliability fuzz sent 2**31.
+    _, _, stub = mlx_stack
+    unfiltered = await complete(stub, max_tokens=12, temperature=1.0, seed=5)
+    for k in (4096, 2**31):  # the tiny model's vocabulary is 4096
+        wide = await complete(stub, max_tokens=12, temperature=1.0, top_k=k, seed=5)
+        assert list(wide.output_ids) == list(unfiltered.output_ids)
+    assert (await complete(stub, max_tokens=4, temperature=0.0)).completion_tokens == 4
+
+
+async def test_a_negative_seed_is_a_seed(mlx_stack) -> None:
+    # The wire's seed is an int32; MLX's PRNG key refused a negative one inside the engine thread.
+    _, _, stub = mlx_stack
+    runs = [await complete(stub, max_tokens=12, temperature=1.0, seed=s) for s in (-7, -7, 7)]
+    assert list(runs[0].output_ids) == list(runs[1].output_ids)
+    assert list(runs[0].output_ids) != list(runs[2].output_ids)
+
+
 async def test_max_tokens_defaults_to_the_context_left(mlx_stack, tiny_model) -> None:
     _, _, stub = mlx_stack
     long_prompt = [5] * 2040

@@ -67,6 +67,10 @@ class _Request:
     request_id: str
     params: GenParams
     queue: asyncio.Queue[StepOutput]
+    #: Built on the event loop when the request arrives, so a request that cannot build them
+    #: fails alone instead of raising inside the engine thread's batch step.
+    sampler: Callable[[Any], Any]
+    processors: list[Any]
     uid: int | None = None
     done: bool = field(default=False)
 
@@ -214,7 +218,9 @@ class MlxEngine:
         costs fewer messages and nothing is held back while it keeps up."""
         if not self.ready:
             raise Unavailable("the MLX engine is not ready")
-        request = _Request(request_id, params, asyncio.Queue())
+        request = _Request(
+            request_id, params, asyncio.Queue(), _sampler(params), _processors(params)
+        )
         with self._lock:
             if len(self._by_id) >= self._max_in_flight:
                 raise Overloaded(
@@ -342,8 +348,8 @@ class MlxEngine:
         uids = generator.insert(
             [p.prompt for p in params],
             max_tokens=[p.max_tokens for p in params],
-            samplers=[_sampler(p) for p in params],
-            logits_processors=[_processors(p) for p in params],
+            samplers=[r.sampler for r in admitted],
+            logits_processors=[r.processors for r in admitted],
             stop_sequences=[StopSequences([[t] for t in sorted(p.stop_token_ids)]) for p in params],
         )
         for uid, request in zip(uids, admitted, strict=True):

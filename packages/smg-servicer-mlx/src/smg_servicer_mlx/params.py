@@ -2,7 +2,9 @@
 
 proto3 "unset" rules: ``temperature``, ``max_tokens``, ``logprobs`` and ``seed`` are ``optional``
 (absent means the engine default); the plain scalars use 0 for "unset": ``top_p`` 0 -> 1.0,
-``top_k`` 0 -> off, ``min_p`` 0 -> off, ``repetition_penalty`` 0 -> 1.0 (off), frequency and
+``top_k`` 0 -> off (and a ``top_k`` of the vocabulary or more keeps every token, as on the
+other engines: mlx-lm's filter refuses it, and the reliability fuzz saw that refusal end the engine
+thread), ``min_p`` 0 -> off, ``repetition_penalty`` 0 -> 1.0 (off), frequency and
 presence penalties 0 -> off. The shared rules (:mod:`smg_servicer_core.validate`) give the same
 messages as on every engine; a ``max_tokens`` past the context is clamped to what it leaves.
 """
@@ -84,7 +86,7 @@ def to_params(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=sp.top_p if sp.top_p > 0 else 1.0,
-        top_k=sp.top_k,
+        top_k=sp.top_k if sp.top_k < limits.vocab_size else 0,
         min_p=sp.min_p,
         repetition_penalty=sp.repetition_penalty if sp.repetition_penalty > 0 else 1.0,
         frequency_penalty=sp.frequency_penalty,
@@ -93,5 +95,7 @@ def to_params(
         stop_token_ids=frozenset(stops),
         logprobs=sp.logprobs if sp.HasField("logprobs") else 0,
         want_logprobs=sp.HasField("logprobs"),
-        seed=sp.seed if sp.HasField("seed") else None,
+        # The wire's seed is an int32; MLX keys take non-negative ones (a negative seed raised
+        # in the engine thread): its two's-complement bits keep every seed distinct.
+        seed=sp.seed & 0xFFFFFFFF if sp.HasField("seed") else None,
     )
