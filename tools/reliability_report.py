@@ -70,6 +70,11 @@ def _slow(f: Figures) -> str | None:
         f"throughput x{f['slow_throughput_ratio']}, ITL p99 x{f['slow_itl_p99_ratio']} "
         f"({f['slow_base_itl_p99_ms']} → {f['slow_itl_p99_ms']} ms), "
         f"RSS +{f['slow_rss_growth_mb']} MiB"
+        + (
+            f" (measured twice; first: {f['slow_first_misses']})"
+            if f.get("slow_attempts", 1) > 1
+            else ""
+        )
     )
 
 

@@ -64,6 +64,15 @@ def test_the_table_has_a_column_per_engine_and_a_row_per_check(tmp_path, capsys)
     assert "restart: DATA_LOSS" in lines[-1]
 
 
+def test_a_slow_reader_measured_twice_says_what_the_first_missed(tmp_path, capsys) -> None:
+    again = dict(GOOD, slow_attempts=2, slow_first_misses="p99 0.006 vs (0.0052, 0.0050)")
+    assert report.main([str(write(tmp_path, {"mlx": dict(GOOD), "vllm": again}))]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "ITL p99" in line]
+    mlx, vllm = row.split(" | ")[1:3]
+    assert "measured twice" not in mlx
+    assert "MiB (measured twice; first: p99 0.006 vs (0.0052, 0.0050))" in vllm
+
+
 def test_check_names_every_missing_or_bad_figure(tmp_path, capsys) -> None:
     bad: dict[str, Any] = dict(GOOD, death_detection_s=1.4, drain_silent=2)
     bad["fuzz_codes"] = {"OK": 1, "INTERNAL": 3}

@@ -2,7 +2,10 @@
 16 others stream at full speed. The others' throughput and inter-chunk p99 stay within 10 % of a
 run without it, and the worker's memory stays bounded. The runs without it are taken just before
 and just after; the figures are against their mean, the check against the worse of the two (on a
-shared machine two runs without the slow reader already differ by several percent).
+shared machine two runs without the slow reader already differ by several percent). A timing miss
+is measured again once, the second sequence deciding (a CI run saw a p99 17 % over from one
+scheduling burst); an impact of the slow reader misses both times. Errors, a reader that did not
+read and memory growth fail at once.
 
 The slow stream is an ordinary request (256 tokens, more than it reads in 30 s): the engine
 generates it at its own pace while the reader falls behind, so what differs from the runs without
@@ -97,6 +100,53 @@ async def slow_reader(target: Target, stub: object, seconds: float) -> int:
     return read
 
 
+@dataclass
+class Attempt:
+    """One before / with the slow reader / after sequence, and what it showed."""
+
+    figures: dict[str, float]
+    #: Timing bounds missed (throughput, inter-chunk p99): noise can cause these on a shared
+    #: machine, so a miss is measured again once; a real impact misses both times.
+    misses: list[str]
+    #: Hard failures (errors, a reader that did not read, memory): never measured again.
+    faults: list[str]
+
+
+async def attempt(shared: Target, fast: object, slow: object) -> Attempt:
+    before, before_s = await fast_load(shared, fast, BASELINE_S)
+    rss_before = shared.tree_rss()
+    reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S))
+    with_slow, with_slow_s = await fast_load(shared, fast, SLOW_S)
+    rss_during = shared.tree_rss()
+    read = await reader
+    after, after_s = await fast_load(shared, fast, BASELINE_S)
+    rates = (before.tokens / before_s, after.tokens / after_s)
+    p99s = (before.p99(), after.p99())
+    rate = with_slow.tokens / with_slow_s
+    rss_growth = rss_during - rss_before
+    figures = {
+        "slow_reader_read": read,
+        "slow_throughput_ratio": round(rate / statistics.mean(rates), 3),
+        "slow_itl_p99_ratio": round(with_slow.p99() / statistics.mean(p99s), 3),
+        "slow_itl_p99_ms": round(with_slow.p99() * 1000, 2),
+        "slow_base_itl_p99_ms": round(statistics.mean(p99s) * 1000, 2),
+        "slow_base_spread": round(max(rates) / min(rates) - 1, 3),
+        "slow_rss_growth_mb": round(rss_growth / 2**20, 1),
+    }
+    misses, faults = [], []
+    if rate < min(rates) * (1 - IMPACT_BOUND):
+        misses.append(f"throughput {rate:.0f} vs {rates}")
+    if with_slow.p99() > max(p99s) * (1 + IMPACT_BOUND):
+        misses.append(f"p99 {with_slow.p99()} vs {p99s}")
+    if before.errors or with_slow.errors or after.errors:
+        faults.append(f"errors {before.errors}, {with_slow.errors}, {after.errors}")
+    if read < SLOW_S * 0.8:
+        faults.append(f"the slow reader read {read} messages in {SLOW_S}s")
+    if rss_growth > RSS_BOUND:
+        faults.append(f"RSS grew {rss_growth >> 20} MiB")
+    return Attempt(figures, misses, faults)
+
+
 async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
     async with (
         grpc.aio.insecure_channel(shared.address) as fast_channel,
@@ -104,33 +154,19 @@ async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
     ):
         fast, slow = shared.stub(fast_channel), shared.stub(slow_channel)
         await fast_load(shared, fast, 2)  # warm-up
-        before, before_s = await fast_load(shared, fast, BASELINE_S)
-        rss_before = shared.tree_rss()
-        reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S))
-        with_slow, with_slow_s = await fast_load(shared, fast, SLOW_S)
-        rss_during = shared.tree_rss()
-        read = await reader
-        after, after_s = await fast_load(shared, fast, BASELINE_S)
-    rates = (before.tokens / before_s, after.tokens / after_s)
-    p99s = (before.p99(), after.p99())
-    rate = with_slow.tokens / with_slow_s
-    rate_ratio = rate / statistics.mean(rates)
-    p99_ratio = with_slow.p99() / statistics.mean(p99s)
-    rss_growth = rss_during - rss_before
+        first = await attempt(shared, fast, slow)
+        final = first
+        if first.misses and not first.faults:
+            final = await attempt(shared, fast, slow)
     record(
         shared.engine,
         slow_reader_s=SLOW_S,
-        slow_reader_read=read,
-        slow_throughput_ratio=round(rate_ratio, 3),
-        slow_itl_p99_ratio=round(p99_ratio, 3),
-        slow_itl_p99_ms=round(with_slow.p99() * 1000, 2),
-        slow_base_itl_p99_ms=round(statistics.mean(p99s) * 1000, 2),
-        slow_base_spread=round(max(rates) / min(rates) - 1, 3),
-        slow_rss_growth_mb=round(rss_growth / 2**20, 1),
+        **final.figures,
+        slow_attempts=1 + (final is not first),
+        slow_first_misses="; ".join(first.misses),
     )
-    assert before.errors == with_slow.errors == after.errors == 0
-    assert read >= SLOW_S * 0.8, f"the slow reader read {read} messages in {SLOW_S}s"
-    assert rate >= min(rates) * (1 - IMPACT_BOUND), f"throughput {rate:.0f} vs {rates}"
-    assert with_slow.p99() <= max(p99s) * (1 + IMPACT_BOUND), f"p99 {with_slow.p99()} vs {p99s}"
-    assert rss_growth <= RSS_BOUND, f"RSS grew {rss_growth >> 20} MiB"
+    assert not final.faults, final.faults
+    assert not final.misses, (
+        f"twice over the {IMPACT_BOUND:.0%} bound: {first.misses}, {final.misses}"
+    )
     assert shared.wait_idle() == (0, 0, 0)

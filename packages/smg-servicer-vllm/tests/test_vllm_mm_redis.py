@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
 PASSWORD = "pa55-w0rd-xyz"
 TIMEOUT_MS = 4000
+#: The worker's --mm-sidecar-max-queue: jobs waiting in Redis beyond it are refused.
+MAX_QUEUE = 4
 IMAGE_A = png_image(40, 50, seed=1)
 IMAGE_B = png_image(64, 30, seed=2)
 
@@ -86,7 +88,7 @@ def redis_settings(url: str, **overrides: Any) -> MmSettings:
         "processor": "redis",
         "redis_url": url,
         "sidecar_timeout_ms": TIMEOUT_MS,
-        "sidecar_max_queue": 4,
+        "sidecar_max_queue": MAX_QUEUE,
         "source": "flag",
     } | overrides
     return MmSettings(**options)
@@ -168,12 +170,14 @@ async def test_media_refs_through_the_sidecar_give_the_inprocess_ids(  # noqa: P
 
 
 async def test_concurrent_requests_all_come_back(worker, vlm_llm, ids) -> None:
+    # As many as the queue holds (twice the sidecar's --concurrency): more could find the queue
+    # full before the sidecar pops one, and be refused as they should (the overload test).
     _, stub = worker
     want, _ = await reference(vlm_llm, ids["one"], [IMAGE_A])
     got = await asyncio.gather(
-        *(complete(stub, media_request(ids["one"], data_url(IMAGE_A))) for _ in range(6))
+        *(complete(stub, media_request(ids["one"], data_url(IMAGE_A))) for _ in range(MAX_QUEUE))
     )
-    assert [list(g.output_ids) for g in got] == [want] * 6
+    assert [list(g.output_ids) for g in got] == [want] * MAX_QUEUE
 
 
 async def test_the_worker_advertises_redis_and_never_shows_the_password(
