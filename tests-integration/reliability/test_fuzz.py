@@ -162,3 +162,25 @@ def test_an_oversized_message_gets_a_client_fault(shared: Target) -> None:
     assert code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT), code
     assert len(details) < 300, "the refusal does not echo the request"
     assert_still_serving(shared)
+
+
+def test_sampling_at_the_edges_is_served(shared: Target) -> None:
+    """Fuzz finds, kept: a ``top_k`` at and past the vocabulary (mlx-lm's filter refused it inside
+    the batch step, which ended the MLX engine), and a negative seed where the wire's seed is
+    signed (MLX's PRNG key refused it). Each is served, except where an engine documents a limit:
+    TokenSpeed's fused sampling kernel takes ``top_k`` below 128, and says so (a client fault)."""
+    cases: list[dict[str, int]] = [{"top_k": shared.vocab_size}, {"top_k": 2**31 - 1}]
+    if shared.engine in ("mlx", "vllm"):
+        cases.append({"seed": -(2**31)})
+    with grpc.insecure_channel(shared.address) as channel:
+        stub = shared.stub(channel)
+        for sampling in cases:
+            request = shared.request([1, 2, 3], max_tokens=8, temperature=1.0, ignore_eos=True,
+                                     **sampling)  # fmt: skip
+            code, details = answer(stub, request)
+            assert_fine(shared, code, details, sampling)
+            if shared.engine == "tokenspeed" and "top_k" in sampling:
+                assert code == grpc.StatusCode.INVALID_ARGUMENT and "top_k" in details
+            else:
+                assert code == grpc.StatusCode.OK, f"{shared.engine} {sampling}: {details!r}"
+    assert_still_serving(shared)
