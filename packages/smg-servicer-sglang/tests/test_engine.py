@@ -242,6 +242,12 @@ BAD = {
     "max_new_tokens past context": request([1, 2], sampling={"max_new_tokens": 5000}),
     "hidden states": request([1, 2], return_hidden_states=True),
     "image": request([1, 2]),
+    # A rule that derives no text empties the grammar mask after "a": SGLang's CPU sampler, with
+    # min_p, raised in the scheduler and ended the engine (a reliability fuzz find).
+    "grammar with a dead end": request(
+        [1, 2],
+        sampling={"temperature": 0.5, "min_p": 0.1, "ebnf_grammar": 'root ::= "a" b\nb ::= b "x"'},
+    ),
 }
 BAD["image"].mm_inputs.pixel_values.data = b"\x00" * 12
 

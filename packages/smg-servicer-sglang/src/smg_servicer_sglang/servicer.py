@@ -41,7 +41,7 @@ from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang import convert, kv_events, loads
+from smg_servicer_sglang import convert, grammar, kv_events, loads
 from smg_servicer_sglang.convert import ModelLimits, Output
 from smg_servicer_sglang.request_manager import RequestManager
 
@@ -133,6 +133,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         specs, prefix_spec = convert.generate_reqs(request, self.limits)
+        if request.sampling_params.WhichOneof("constraint") == "ebnf_grammar":
+            await grammar.refuse_dead_ends(request.sampling_params.ebnf_grammar)
         reqs = [self._build(spec) for spec in specs]
         prefix = self._build(prefix_spec) if prefix_spec is not None else None
         rid = request.request_id
