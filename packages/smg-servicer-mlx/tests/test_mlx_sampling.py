@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import zipfile
@@ -111,3 +112,29 @@ class TestAdmissionBound:
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "big" in engine._by_id
         long_call.cancel()
+
+
+async def test_a_request_whose_sampling_cannot_be_set_up_fails_alone(
+    mlx_stack, monkeypatch
+) -> None:
+    # A fault injected where the engine thread builds a request's sampler: that request gets
+    # INTERNAL (no exception text), the one beside it and the engine go on.
+    from smg_servicer_mlx import _engine
+
+    real = _engine._sampler
+
+    def picky(params):
+        if params.temperature == 0.75:
+            raise RuntimeError("injected: secret detail")
+        return real(params)
+
+    monkeypatch.setattr(_engine, "_sampler", picky)
+    _, _, stub = mlx_stack
+    beside = asyncio.create_task(complete(stub, max_tokens=12, temperature=0.0))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await complete(stub, max_tokens=12, temperature=0.75)
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "could not set up" in (info.value.details() or "")
+    assert "secret" not in (info.value.details() or "")
+    assert (await beside).completion_tokens == 12
+    assert (await complete(stub, max_tokens=4, temperature=0.0)).completion_tokens == 4

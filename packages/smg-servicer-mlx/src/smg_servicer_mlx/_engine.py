@@ -28,7 +28,7 @@ from typing import Any
 from smg_servicer_core.errors import Overloaded, Unavailable
 from smg_servicer_core.stream import coalescing, take_waiting
 from smg_servicer_mlx.model_info import ModelInfo
-from smg_servicer_mlx.params import GenParams
+from smg_servicer_mlx.params import UNSERVABLE, GenParams
 
 try:
     import mlx.core as mx
@@ -67,10 +67,6 @@ class _Request:
     request_id: str
     params: GenParams
     queue: asyncio.Queue[StepOutput]
-    #: Built on the event loop when the request arrives, so a request that cannot build them
-    #: fails alone instead of raising inside the engine thread's batch step.
-    sampler: Callable[[Any], Any]
-    processors: list[Any]
     uid: int | None = None
     done: bool = field(default=False)
 
@@ -218,9 +214,7 @@ class MlxEngine:
         costs fewer messages and nothing is held back while it keeps up."""
         if not self.ready:
             raise Unavailable("the MLX engine is not ready")
-        request = _Request(
-            request_id, params, asyncio.Queue(), _sampler(params), _processors(params)
-        )
+        request = _Request(request_id, params, asyncio.Queue())
         with self._lock:
             if len(self._by_id) >= self._max_in_flight:
                 raise Overloaded(
@@ -342,17 +336,29 @@ class MlxEngine:
                 self._deliver(responses, active)
 
     def _admit(self, generator: Any, admitted: list[_Request], active: dict[int, _Request]) -> None:
-        if not admitted:
+        # Samplers are built here, on the engine thread (MLX arrays belong to a thread's stream),
+        # one request at a time: a request whose sampling cannot be set up fails alone.
+        built: list[tuple[_Request, Callable[[Any], Any], list[Any]]] = []
+        refused: list[_Request] = []
+        for request in admitted:
+            try:
+                built.append((request, _sampler(request.params), _processors(request.params)))
+            except Exception:
+                logger.exception("request %s: its sampling could not be set up", request.request_id)
+                refused.append(request)
+        if refused:
+            self._finish(refused, UNSERVABLE)
+        if not built:
             return
-        params = [r.params for r in admitted]
+        params = [request.params for request, _, _ in built]
         uids = generator.insert(
             [p.prompt for p in params],
             max_tokens=[p.max_tokens for p in params],
-            samplers=[r.sampler for r in admitted],
-            logits_processors=[r.processors for r in admitted],
+            samplers=[sampler for _, sampler, _ in built],
+            logits_processors=[processors for _, _, processors in built],
             stop_sequences=[StopSequences([[t] for t in sorted(p.stop_token_ids)]) for p in params],
         )
-        for uid, request in zip(uids, admitted, strict=True):
+        for uid, (request, _, _) in zip(uids, built, strict=True):
             request.uid = uid
             active[uid] = request
 
@@ -408,6 +414,13 @@ class MlxEngine:
             self._pending.clear()
         self._post(_dispatch, [(r, StepOutput(None, finish_reason="error")) for r in waiting])
         logger.info("engine thread ending: %s", reason)
+
+    def _finish(self, requests: list[_Request], reason: str) -> None:
+        """Ends requests that never entered the batch, with ``reason``."""
+        with self._lock:
+            for request in requests:
+                self._by_id.pop(request.request_id, None)
+        self._post(_dispatch, [(r, StepOutput(None, finish_reason=reason)) for r in requests])
 
 
 _WARMUP_PARAMS = GenParams(

@@ -19,6 +19,9 @@ from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
 
 DEFAULT_TEMPERATURE = 1.0
+#: The engine's finish reason for a request whose sampling could not be set up (it never entered
+#: the batch; the servicer answers INTERNAL and the engine goes on).
+UNSERVABLE = "unservable"
 
 Tokenize = Callable[[str], list[int]]
 

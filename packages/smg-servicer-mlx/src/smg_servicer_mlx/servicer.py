@@ -21,7 +21,7 @@ from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
 from smg_servicer_core.proto import mlx_engine_pb2_grpc
 from smg_servicer_core.servicer import EngineServicer
-from smg_servicer_mlx.params import GenParams, ModelLimits, to_params
+from smg_servicer_mlx.params import UNSERVABLE, GenParams, ModelLimits, to_params
 
 if TYPE_CHECKING:
     from smg_servicer_mlx._engine import MlxEngine, StepOutput
@@ -33,6 +33,10 @@ SERVER_TYPE = "mlx-grpc"
 
 class EngineFailed(ServicerError):
     """The engine thread ended while the request ran (INTERNAL)."""
+
+
+class SamplingFailed(ServicerError):
+    """The engine could not set up this request's sampling; the engine itself goes on (INTERNAL)."""
 
 
 def _logprobs(outputs: list[StepOutput]) -> pb.OutputLogProbs:
@@ -89,6 +93,8 @@ class MlxServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
                 raise Aborted(f"request {request.request_id} was aborted")
         if finish == "error":
             raise EngineFailed("the engine stopped while generating; retry")
+        if finish == UNSERVABLE:
+            raise SamplingFailed("the engine could not set up this request's sampling")
         yield self._complete(request, params, outputs, finish)
 
     def _chunk(
