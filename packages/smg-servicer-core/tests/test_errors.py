@@ -148,6 +148,22 @@ def test_http_status_table(status, code) -> None:
     assert errors.from_http_status(status, "m").code == code
 
 
+@pytest.mark.unit
+def test_a_relayed_message_loses_native_log_prefixes() -> None:
+    # SGLang relays xgrammar's exception text for a schema it cannot compile.
+    relayed = (
+        "Failed to compile json grammar: [11:06:22] /project/cpp/json_schema_converter.cc:4175: "
+        "minLength 5 is greater than maxLength 1"
+    )
+    error = errors.from_http_status(400, relayed)
+    assert error.message == (
+        "Failed to compile json grammar: minLength 5 is greater than maxLength 1"
+    )
+    assert errors.from_http_status(400, "top_k must be < 128 [a:b] x.cc").message == (
+        "top_k must be < 128 [a:b] x.cc"  # only the native prefix's exact shape goes
+    )
+
+
 @pytest.mark.contract
 async def test_a_huge_request_id_is_cut_in_the_message_and_the_log(raising, caplog) -> None:
     servicer, stub = raising

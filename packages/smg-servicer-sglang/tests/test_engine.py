@@ -379,3 +379,16 @@ async def test_metrics_count_a_known_workload_exactly(stub: Any, sglang_server: 
     assert_workload_counted(samples, work, before)
     assert value(samples, "smg_servicer_engine_running_requests") == 0
     assert value(samples, "smg_servicer_engine_kv_cache_usage_ratio") >= 0
+
+
+async def test_a_schema_the_grammar_compiler_refuses_is_named_without_native_noise(
+    stub: Any,
+) -> None:
+    # SGLang relays xgrammar's exception text, which starts with a timestamp and a C++ source path.
+    schema = '{"type": "string", "minLength": 5, "maxLength": 1}'
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, request([1, 2], sampling={"json_schema": schema}))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details() or ""
+    assert "minLength 5 is greater than maxLength 1" in details
+    assert ".cc:" not in details and "/project/" not in details

@@ -32,6 +32,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar, cast
 
@@ -124,15 +125,21 @@ _BY_HTTP_STATUS: dict[int, type[ServicerError]] = {
 }
 
 
+#: A native library's log prefix inside an engine's message: ``[11:06:22] /project/cpp/x.cc:4175: ``
+#: (xgrammar's, relayed by SGLang). A timestamp and a build path tell the client nothing.
+_NATIVE_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+?\.(?:cc|cpp|cxx|c|h|hpp|cu):\d+: ")
+
+
 def from_http_status(status: object, message: str) -> ServicerError:
     """The error for an engine's HTTP-style status: 400->INVALID_ARGUMENT, 404->NOT_FOUND,
     408/504->DEADLINE_EXCEEDED, 409->ABORTED, 429->RESOURCE_EXHAUSTED, 503->UNAVAILABLE, anything
-    else (500 included, or not a number) -> INTERNAL."""
+    else (500 included, or not a number) -> INTERNAL. The engine's message is relayed without
+    native log prefixes (timestamp, source file and line)."""
     try:
         code = int(status)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         code = 500
-    return _BY_HTTP_STATUS.get(code, ServicerError)(message)
+    return _BY_HTTP_STATUS.get(code, ServicerError)(_NATIVE_PREFIX.sub("", message))
 
 
 class _AbortContext(Protocol):
