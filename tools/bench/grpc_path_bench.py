@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from smg_bench import client_cpus_beside, cpu_list, measure, spread  # beside this script
+
 VARIANTS = (
     "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
     "vllm-servicer",
@@ -133,11 +135,7 @@ def summary(variant: str, rounds: list[dict[str, dict[str, Any]]]) -> dict[str, 
         "rounds_measured": len(ratios),
     }
     if ratios:
-        result.update(
-            ratio_to_generator_median=round(statistics.median(ratios), 3),
-            ratio_min=round(min(ratios), 3),
-            ratio_max=round(max(ratios), 3),
-        )
+        result.update(spread(ratios, "ratio_to_generator_median"))
     return result
 
 
@@ -162,7 +160,6 @@ def main() -> int:
     if args.serve:
         _serve(args.serve, args.port_file, args.delay_ms / 1000)
         return 0
-    from smg_bench import client_cpus_beside, cpu_list, measure  # noqa: PLC0415 - beside it
     from smg_servicer_core.testing.process import spawn_with_port_file  # noqa: PLC0415
 
     server_cpus = cpu_list(args.server_cpus) if args.server_cpus else set()

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 import psutil
 
+from smg_bench import spread  # beside this script
 from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing import generate_request
@@ -133,9 +134,7 @@ def summary(name: str, rounds: list[tuple[float, float]], unit: str) -> None:
             "unit": unit,
             "a_median": round(statistics.median(a for a, _ in rounds), 2),
             "b_median": round(statistics.median(b for _, b in rounds), 2),
-            "ratio_b_over_a_median": round(statistics.median(ratios), 3),
-            "ratio_min": round(min(ratios), 3),
-            "ratio_max": round(max(ratios), 3),
+            **spread(ratios, "ratio_b_over_a_median"),
             "added_median": round(statistics.median(b - a for a, b in rounds), 2),
         }
     )

@@ -291,6 +291,16 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
     }
 
 
+def spread(ratios: list[float], median_key: str = "ratio_median") -> dict[str, float]:
+    """Median, min and max of per-round ratios (3 decimals): how every side-by-side script here
+    states a ratio."""
+    return {
+        median_key: round(statistics.median(ratios), 3),
+        "ratio_min": round(min(ratios), 3),
+        "ratio_max": round(max(ratios), 3),
+    }
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_bench import client_cpus_beside, cpu_list, measure  # beside this script
+from smg_bench import client_cpus_beside, cpu_list, measure, spread  # beside this script
 from smg_servicer_core.testing.process import spawn_with_port_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,11 +135,7 @@ def summary(workload: Workload, pairs: list[Pair]) -> dict[str, Any]:
             ours[key] / theirs[key] for ours, theirs in pairs if ours.get(key) and theirs.get(key)
         ]
         if ratios:
-            result[key] = {
-                "ratio_median": round(statistics.median(ratios), 3),
-                "ratio_min": round(min(ratios), 3),
-                "ratio_max": round(max(ratios), 3),
-            }
+            result[key] = spread(ratios)
     for arm, index in (("ours", 0), ("upstream", 1)):
         result[f"{arm}_median"] = {
             key: statistics.median(p[index][key] for p in pairs if p[index].get(key) is not None)

@@ -368,15 +368,7 @@ class MlxEngine:
         gone = [uid for uid, r in active.items() if r.request_id in aborted]
         if gone:
             generator.remove(gone)
-        finished: list[tuple[_Request, StepOutput]] = []
-        for uid in gone:
-            request = active.pop(uid)
-            finished.append((request, StepOutput(None, finish_reason="abort")))
-        with self._lock:
-            for request, _ in finished:
-                self._by_id.pop(request.request_id, None)
-        if finished:
-            self._post(_dispatch, finished)
+            self._finish([active.pop(uid) for uid in gone], "abort")
 
     def _deliver(self, responses: list[Any], active: dict[int, _Request]) -> None:
         batch: list[tuple[_Request, StepOutput]] = []
@@ -416,7 +408,7 @@ class MlxEngine:
         logger.info("engine thread ending: %s", reason)
 
     def _finish(self, requests: list[_Request], reason: str) -> None:
-        """Ends requests that never entered the batch, with ``reason``."""
+        """Ends requests out of the batch (aborted, or never admitted) with ``reason``."""
         with self._lock:
             for request in requests:
                 self._by_id.pop(request.request_id, None)
