@@ -241,7 +241,9 @@ async def test_idle_time_before_a_request_is_not_a_stall(stack: Stack) -> None:
     await asyncio.sleep(0.3)
     assert stack.manager.active == 1
     assert not stack.manager.stalled
-    assert stack.manager.stalled_for() < 1.0
+    # Counting the idle time would read >= 120 s; the request's own wait is 0.3 s (a bound far
+    # from both, so a busy machine cannot trip it).
+    assert stack.manager.stalled_for() < 60
     call.cancel()
 
 
