@@ -86,10 +86,17 @@ def _slow(f: Figures) -> str | None:
             return f"x{f[name]}"
         return f"x{f[name]} ({f[name + '_min']}-{f[name + '_max']})"
 
+    control = (
+        f"; vs the same request read at full speed: throughput "
+        f"{ratio('slow_vs_control_throughput_ratio')}, ITL p99 "
+        f"{ratio('slow_vs_control_itl_p99_ratio')}"
+        if "slow_vs_control_throughput_ratio" in f
+        else ""
+    )
     return (
         f"throughput {ratio('slow_throughput_ratio')}, ITL p99 {ratio('slow_itl_p99_ratio')} "
         f"({f['slow_base_itl_p99_ms']} → {f['slow_itl_p99_ms']} ms), "
-        f"RSS +{f['slow_rss_growth_mb']} MiB, {rounds} round{'s' * (rounds != 1)}"
+        f"RSS +{f['slow_rss_growth_mb']} MiB, {rounds} round{'s' * (rounds != 1)}{control}"
     )
 
 

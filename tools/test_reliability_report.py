@@ -75,13 +75,23 @@ def test_a_slow_reader_over_rounds_states_its_spread(tmp_path, capsys) -> None:
         slow_throughput_ratio_max=1.01,
         slow_itl_p99_ratio_min=0.98,
         slow_itl_p99_ratio_max=1.09,
+        slow_vs_control_throughput_ratio=0.99,
+        slow_vs_control_throughput_ratio_min=0.95,
+        slow_vs_control_throughput_ratio_max=1.02,
+        slow_vs_control_itl_p99_ratio=1.0,
+        slow_vs_control_itl_p99_ratio_min=0.9,
+        slow_vs_control_itl_p99_ratio_max=1.1,
     )
     assert report.main([str(write(tmp_path, {"mlx": dict(GOOD), "vllm": rounds}))]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "ITL p99" in line]
     mlx, vllm = row.split(" | ")[1:3]
     assert "throughput x0.97, ITL p99 x1.04" in mlx and "MiB, 1 round" in mlx
     assert "throughput x0.97 (0.93-1.01), ITL p99 x1.04 (0.98-1.09)" in vllm
-    assert "MiB, 5 rounds" in vllm
+    assert (
+        "MiB, 5 rounds; vs the same request read at full speed: throughput x0.99 (0.95-1.02)"
+        in vllm
+    )
+    assert "ITL p99 x1.0 (0.9-1.1)" in vllm and "full speed" not in mlx
 
 
 def test_timing_bounds_are_the_benchmarks_not_the_checks(tmp_path, capsys) -> None:

@@ -100,9 +100,12 @@ async def fast_load(target: Target, stub: object, seconds: float) -> tuple[Load,
     return load, time.monotonic() - started
 
 
-async def slow_reader(target: Target, stub: object, seconds: float) -> tuple[int, str]:
-    """Reads one message a second; cancels its call at the end (a client that gave up).
-    (messages read, how the stream ended while it read: OK, EOF or a status name)."""
+async def slow_reader(
+    target: Target, stub: object, seconds: float, pause_s: float = 1.0
+) -> tuple[int, str]:
+    """Reads one message every ``pause_s``; cancels its call at the end (a client that gave up).
+    (messages read, how the stream ended while it read: OK, EOF or a status name). With
+    ``pause_s`` 0 it is the benchmark's control: the same request, read at full speed."""
     request = target.request([7, 8, 9], max_tokens=SLOW_TOKENS, stream=True, ignore_eos=True)
     call = stub.Generate(request, timeout=seconds + 120)  # type: ignore[attr-defined]
     read, ending = 0, "OK"
@@ -113,7 +116,7 @@ async def slow_reader(target: Target, stub: object, seconds: float) -> tuple[int
                 ending = "EOF"
                 break
             read += 1
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pause_s)
     except grpc.aio.AioRpcError as err:
         ending = err.code().name
     call.cancel()
@@ -133,15 +136,36 @@ class Round:
     read: int
     ending: str
     rss_growth: int
+    #: With several rounds (the benchmark), the slow phase against a control phase of the same
+    #: length in which the same extra request is read at full speed: the engine's work is the
+    #: same in both, so what these ratios show is the reading alone (a slow reader holding up
+    #: a shared output path would show here; an extra request's engine work would not).
+    vs_control: tuple[float, float] | None = None
 
 
-async def one_round(shared: Target, fast: object, slow: object) -> Round:
-    before, before_s = await fast_load(shared, fast, BASELINE_S)
+async def with_extra(
+    shared: Target, fast: object, slow: object, pause_s: float
+) -> tuple[Load, float, int, str, int]:
+    """The fast load for ``SLOW_S`` beside one extra request read every ``pause_s``; the load,
+    its duration, what the extra reader read, how its stream ended, the RSS growth."""
     rss_before = shared.tree_rss()
-    reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S))
-    with_slow, with_slow_s = await fast_load(shared, fast, SLOW_S)
-    rss_during = shared.tree_rss()
+    reader = asyncio.create_task(slow_reader(shared, slow, SLOW_S, pause_s))
+    load, seconds = await fast_load(shared, fast, SLOW_S)
+    rss_growth = shared.tree_rss() - rss_before
     read, ending = await reader
+    return load, seconds, read, ending, rss_growth
+
+
+async def one_round(shared: Target, fast: object, slow: object, control: bool) -> Round:
+    before, before_s = await fast_load(shared, fast, BASELINE_S)
+    with_slow, with_slow_s, read, ending, rss_growth = await with_extra(shared, fast, slow, 1.0)
+    vs_control = None
+    if control:
+        ctl, ctl_s, _, _, _ = await with_extra(shared, fast, slow, 0.0)
+        vs_control = (
+            with_slow.tokens / with_slow_s / (ctl.tokens / ctl_s),
+            with_slow.p99() / ctl.p99(),
+        )
     after, after_s = await fast_load(shared, fast, BASELINE_S)
     rates = (before.tokens / before_s, after.tokens / after_s)
     base_p99 = statistics.mean((before.p99(), after.p99()))
@@ -154,7 +178,8 @@ async def one_round(shared: Target, fast: object, slow: object) -> Round:
         base_spread=max(rates) / min(rates) - 1,
         read=read,
         ending=ending,
-        rss_growth=rss_during - rss_before,
+        rss_growth=rss_growth,
+        vs_control=vs_control,
     )
 
 
@@ -169,7 +194,17 @@ def figures(rounds: list[Round]) -> dict[str, object]:
             f"{name}_max": round(max(values), digits),
         }
 
+    controls = [r.vs_control for r in rounds if r.vs_control is not None]
+    versus = (
+        {
+            **spread("slow_vs_control_throughput_ratio", [c[0] for c in controls]),
+            **spread("slow_vs_control_itl_p99_ratio", [c[1] for c in controls]),
+        }
+        if controls
+        else {}
+    )
     return {
+        **versus,
         "slow_rounds": len(rounds),
         "slow_reader_read": min(r.read for r in rounds),
         **spread("slow_throughput_ratio", [r.throughput_ratio for r in rounds]),
@@ -188,7 +223,7 @@ async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
     ):
         fast, slow = shared.stub(fast_channel), shared.stub(slow_channel)
         await fast_load(shared, fast, 2)  # warm-up
-        rounds = [await one_round(shared, fast, slow) for _ in range(ROUNDS)]
+        rounds = [await one_round(shared, fast, slow, ROUNDS > 1) for _ in range(ROUNDS)]
     record(shared.engine, slow_reader_s=SLOW_S, **figures(rounds))
     loads = [load for r in rounds for load in r.loads]
     assert all(load.streams for load in loads), "a load phase completed no stream"
