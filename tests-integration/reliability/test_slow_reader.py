@@ -216,6 +216,11 @@ def figures(rounds: list[Round]) -> dict[str, object]:
     }
 
 
+#: Each round: before, with the slow reader, (the control), after; twice that, plus a margin.
+ROUND_S = 2 * BASELINE_S + SLOW_S * (2 if ROUNDS > 1 else 1)
+
+
+@pytest.mark.timeout(120 + 2 * ROUNDS * ROUND_S)
 async def test_a_slow_reader_does_not_slow_the_others(shared: Target) -> None:
     async with (
         grpc.aio.insecure_channel(shared.address) as fast_channel,
