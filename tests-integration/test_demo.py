@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from smg_it.paths import REPO
+
 PROJECT = REPO / "tools" / "demo"
 
 
@@ -23,6 +23,7 @@ def test_main_command_streams_a_reply_and_stops_cleanly() -> None:
         text=True,
         timeout=300,
         check=False,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout

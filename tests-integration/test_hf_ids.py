@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from smg_it.harness import Router, Worker, free_port
+from smg_it.harness import Router, free_port, mlx_worker
 from smg_servicer_core.testing.hf_cache import add_to_hf_cache
+from smg_servicer_mlx.testing import serve_command
 
 pytestmark = pytest.mark.integration
 SEED_ID = "meta-llama/Llama-2-7b-hf"
-
-
-def mlx_command(model: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "smg_grpc_servicer.mlx", "--model", model,
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
 
 
 def test_a_hub_id_serves_offline_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
@@ -29,7 +24,7 @@ def test_a_hub_id_serves_offline_through_the_router(tiny_model: Path, tmp_path: 
     add_to_hf_cache(tiny_model, cache, SEED_ID)
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
     port = free_port()
-    with Worker(mlx_command(SEED_ID, port), port, env=env) as worker, Router(worker.url) as router:
+    with mlx_worker(SEED_ID, port, env=env) as worker, Router(worker.url) as router:
         served = httpx.get(router.base + "/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in served] == [SEED_ID]
         body = {
@@ -48,7 +43,7 @@ def test_a_hub_id_serves_offline_through_the_router(tiny_model: Path, tmp_path: 
 def test_an_uncached_id_offline_fails_at_start_with_what_to_do(tmp_path: Path) -> None:
     env = {"HF_HUB_CACHE": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        mlx_command("smg-test/not-cached", free_port()),
+        serve_command("smg-test/not-cached", free_port()),
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -20,17 +20,11 @@ import pytest
 from smg_it.harness import Router, Worker, free_port, vllm_worker
 from smg_servicer_core.testing.media import data_url, png_image
 from smg_servicer_core.testing.redis_server import RedisServer
-from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
 from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
 
 pytestmark = pytest.mark.integration
 
 PROMPT_TEXT = "describe this picture"
-
-
-@pytest.fixture(scope="module")
-def tiny_vlm(tiny_model: Path) -> Path:
-    return cached_tiny_vlm(tiny_model.parent)
 
 
 @pytest.fixture(scope="module")

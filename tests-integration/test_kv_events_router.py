@@ -27,7 +27,7 @@ def _worker(engine: str, model: Path) -> Worker:
     # SGLang's launcher logs at warning in the test flags; the subscription lines are info.
     return sglang_worker(
         model,
-        free_port(below=55536),
+        free_port(),
         "--kv-events-config", json.dumps(config),
         "--log-level", "info",
     )  # fmt: skip

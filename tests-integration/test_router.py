@@ -15,27 +15,11 @@ import grpc
 import httpx
 import pytest
 
-from smg_servicer_core.proto import (
-    mlx_engine_pb2,
-    mlx_engine_pb2_grpc,
-    sglang_scheduler_pb2,
-    sglang_scheduler_pb2_grpc,
-    tokenspeed_scheduler_pb2,
-    tokenspeed_scheduler_pb2_grpc,
-    vllm_engine_pb2,
-    vllm_engine_pb2_grpc,
-)
+from smg_servicer_core.testing.requests import STUBS, WIRES
 
 pytestmark = pytest.mark.integration
 
-#: engine -> (stub class, generated messages) for talking to the worker directly
-WIRES = {
-    "mlx": (mlx_engine_pb2_grpc.MlxEngineStub, mlx_engine_pb2),
-    "vllm": (vllm_engine_pb2_grpc.VllmEngineStub, vllm_engine_pb2),
-    "sglang": (sglang_scheduler_pb2_grpc.SglangSchedulerStub, sglang_scheduler_pb2),
-    "tokenspeed": (tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub, tokenspeed_scheduler_pb2),
-}
-ENGINES = sorted(WIRES)
+ENGINES = sorted(STUBS)
 
 
 @pytest.fixture(params=ENGINES)
@@ -109,9 +93,9 @@ def test_stream_and_non_stream_agree_with_usage(deployment, path: str) -> None:
 
 
 async def _active_requests(engine: str, worker) -> int:
-    stub_class, pb = WIRES[engine]
+    pb = WIRES[engine][0]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
-        info = await stub_class(channel).GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        info = await STUBS[engine](channel).GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
         return info.active_requests
 
 

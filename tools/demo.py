@@ -3,10 +3,12 @@
     uv run --project tools/demo python tools/demo.py ["your prompt"]
 
 Runs in the lean environment of ``tools/demo/pyproject.toml`` (MLX, the router, the facade; no
-torch, no vLLM). Builds (once, into .cache/models) a float32 tiny Llama, starts the MLX servicer
-through the facade (``python -m smg_grpc_servicer.mlx``) and the router in front of it on
-127.0.0.1, streams one chat completion and prints it with timings, then stops both
-processes. The model's weights are random, so the reply is gibberish by design; the timings and
+torch, no vLLM) on shipped code only: core's process harness and router
+(``smg_servicer_core.testing``) and MLX's launch command (``smg_servicer_mlx.testing``). Builds
+(once, into .cache/models under the current folder: the checkout's root) a float32 tiny Llama,
+starts the MLX servicer through the facade (``python -m smg_grpc_servicer.mlx``) and the router
+in front of it on 127.0.0.1, streams one chat completion and prints it with timings, then stops
+both processes. The model's weights are random, so the reply is gibberish by design; the timings and
 the token counts are real.
 """
 
@@ -19,12 +21,11 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests-integration"))
-
-from smg_it.harness import Router, free_port, mlx_worker  # noqa: E402
-from smg_servicer_core.testing import cached_tiny_model  # noqa: E402
-from smg_servicer_core.testing.process import wait_serving  # noqa: E402
+from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_core.testing.process import free_port, start_worker, wait_serving
+from smg_servicer_core.testing.requests import SERVICES
+from smg_servicer_core.testing.router import Router
+from smg_servicer_mlx.testing import serve_command
 
 READY_TIMEOUT_S = 60.0
 
@@ -75,17 +76,17 @@ def stream_chat(base: str, model: str, prompt: str) -> None:
 def main() -> int:
     prompt = sys.argv[1] if len(sys.argv) > 1 else "Write a short story about the sea."
     t0 = time.perf_counter()
-    model = cached_tiny_model(REPO / ".cache" / "models")
+    # Run from the checkout's root, as the README's command is: the model is built (once) there.
+    model = cached_tiny_model(Path.cwd() / ".cache" / "models")
     print(f"model     {model.name} ready in {time.perf_counter() - t0:.1f}s", flush=True)
     port = free_port()
-    worker = mlx_worker(model, port)
     t1 = time.perf_counter()
-    worker.start()
+    worker = start_worker(serve_command(model, port), port, SERVICES["mlx"])
     try:
         # The router starts once the servicer is SERVING: started together, they share the two
         # cores of a small machine and both take longer.
         serving_s = serving_after(port, t1)
-        with Router(worker.url) as router:
+        with Router(f"grpc://127.0.0.1:{port}") as router:
             print(
                 f"servicer  grpc://127.0.0.1:{port} SERVING in {serving_s:.1f}s; router "
                 f"{router.base} ready in {time.perf_counter() - t1:.1f}s",
@@ -94,7 +95,7 @@ def main() -> int:
             served = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
             stream_chat(router.base, served, prompt)
     finally:
-        code = worker.stop()
+        code = worker.stop(grace_s=15)
     print(f"stopped   worker exit {code}; total {time.perf_counter() - t0:.1f}s")
     return 0 if code == 0 else 1
 

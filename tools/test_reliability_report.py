@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 import reliability_report as report
 
 pytestmark = pytest.mark.unit

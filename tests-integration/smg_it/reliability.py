@@ -20,48 +20,15 @@ from typing import Any
 import grpc
 import psutil
 
-from smg_it.harness import (
-    Worker,
-    free_port,
-    mlx_worker,
-    sglang_worker,
-    tokenspeed_worker,
-    vllm_worker,
-)
-from smg_servicer_core.proto import (
-    mlx_engine_pb2,
-    mlx_engine_pb2_grpc,
-    sglang_scheduler_pb2,
-    sglang_scheduler_pb2_grpc,
-    tokenspeed_scheduler_pb2,
-    tokenspeed_scheduler_pb2_grpc,
-    vllm_engine_pb2,
-    vllm_engine_pb2_grpc,
-)
-from smg_servicer_core.testing.figures import record
+from smg_it.figures import record
+from smg_it.harness import WORKERS, Worker, free_port, sglang_worker
 from smg_servicer_core.testing.metrics import scrape, value
 from smg_servicer_core.testing.process import wait_serving
-from smg_servicer_core.testing.requests import Wire, generate_request
+from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES, Wire, generate_request
 
 ENGINES: tuple[Wire, ...] = ("mlx", "vllm", "sglang", "tokenspeed")
 
 __all__ = ["ENGINES", "Target", "engine_processes", "record", "running", "service_name"]
-
-#: wire -> (message module, stub class, the service's full name)
-WIRE_API: dict[str, tuple[Any, Any, str]] = {
-    "mlx": (mlx_engine_pb2, mlx_engine_pb2_grpc.MlxEngineStub, "mlx.grpc.engine.MlxEngine"),  # pyright: ignore[reportUnknownMemberType]
-    "vllm": (vllm_engine_pb2, vllm_engine_pb2_grpc.VllmEngineStub, "vllm.grpc.engine.VllmEngine"),  # pyright: ignore[reportUnknownMemberType]
-    "sglang": (
-        sglang_scheduler_pb2,
-        sglang_scheduler_pb2_grpc.SglangSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
-        "sglang.grpc.scheduler.SglangScheduler",
-    ),
-    "tokenspeed": (
-        tokenspeed_scheduler_pb2,
-        tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
-        "tokenspeed.grpc.scheduler.TokenSpeedScheduler",
-    ),
-}
 
 #: The answers a request the client got wrong may get: each names the client's fault.
 CLIENT_FAULT = frozenset(
@@ -84,20 +51,15 @@ REFERENCE_TOKENS = 8
 
 
 def service_name(wire: str) -> str:
-    return WIRE_API[wire][2]
+    return SERVICES[wire]
 
 
 def _worker_command(engine: Wire, model: Path, port: int, metrics_port: int) -> Worker:
-    metrics = ("--metrics-port", str(metrics_port))
-    if engine == "mlx":
-        return mlx_worker(model, port, *metrics)
-    if engine == "vllm":
-        return vllm_worker(model, port, *metrics)
-    if engine == "sglang":
-        worker = sglang_worker(model, port)
-        worker.env["SMG_SGLANG_SERVICER_METRICS_PORT"] = str(metrics_port)
-        return worker
-    return tokenspeed_worker(model, port, *metrics)
+    if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
+        return sglang_worker(
+            model, port, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
+        )
+    return WORKERS[engine](model, port, "--metrics-port", str(metrics_port))
 
 
 @dataclass
@@ -122,10 +84,10 @@ class Target:
 
     @property
     def pb(self) -> Any:
-        return WIRE_API[self.engine][0]
+        return WIRES[self.engine][0]
 
     def stub(self, channel: Any) -> Any:
-        return WIRE_API[self.engine][1](channel)
+        return STUBS[self.engine](channel)
 
     def request(self, prompt: Sequence[int], **kwargs: Any) -> Any:
         return generate_request(self.engine, prompt, **kwargs)
@@ -209,8 +171,7 @@ class Target:
 @contextmanager
 def running(engine: Wire, model: Path) -> Iterator[Target]:
     """A worker of ``engine`` on the tiny model, healthy, its limits and reference learnt."""
-    port = free_port(below=55536) if engine == "sglang" else free_port()
-    metrics_port = free_port(below=55536)
+    port, metrics_port = free_port(), free_port()
     worker = _worker_command(engine, model, port, metrics_port)
     with worker:
         target = Target(engine, worker, metrics_port)

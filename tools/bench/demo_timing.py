@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+REPO = Path.cwd()
 PROJECT = REPO / "tools" / "demo"
 COMMAND = ["uv", "run", "--project", str(PROJECT), "python", str(REPO / "tools" / "demo.py")]
 TARGETS = {"env_mb": 500.0, "first_token_s": 10.0, "ready_s": 3.0, "ttft_ms": 100.0}

@@ -40,7 +40,8 @@ from smg_servicer_core.testing.process import free_port, start_worker
 from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm, image_token_ids
 from smg_servicer_vllm.testing import launcher_command
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+REPO = Path.cwd()
 PATCH_BYTES = 3 * 56 * 56 * 4 + 56 * 56 * 8  # float32 pixels + int64 mask per 56-pixel patch
 MAX_LEN = 2048  # the tiny model's max_position_embeddings
 

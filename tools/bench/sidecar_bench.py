@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,9 +28,6 @@ from typing import Any
 
 import grpc
 import psutil
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from mm_bench import chat_ids, consume, pct, report, summary, timed
 
 from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
@@ -44,7 +40,8 @@ from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
 from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
 from smg_servicer_vllm.testing import launcher_command
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+REPO = Path.cwd()
 LIMIT = '{"image": 2}'
 ARMS = ("inprocess", "redis")
 WORKER_CPU = "worker_cpu_ms_per_image"

@@ -41,21 +41,8 @@ import grpc
 import grpc.aio
 import psutil
 
-from smg_servicer_core.proto import (
-    mlx_engine_pb2_grpc,
-    sglang_scheduler_pb2_grpc,
-    tokenspeed_scheduler_pb2_grpc,
-    vllm_engine_pb2_grpc,
-)
 from smg_servicer_core.testing.process import fake_server_command, spawn_with_port_file
-from smg_servicer_core.testing.requests import generate_request
-
-STUBS: dict[str, Any] = {
-    "mlx": mlx_engine_pb2_grpc.MlxEngineStub,  # pyright: ignore[reportUnknownMemberType]
-    "vllm": vllm_engine_pb2_grpc.VllmEngineStub,  # pyright: ignore[reportUnknownMemberType]
-    "sglang": sglang_scheduler_pb2_grpc.SglangSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
-    "tokenspeed": tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
-}
+from smg_servicer_core.testing.requests import STUBS, generate_request
 
 
 @dataclass

@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc_path_bench
 import pytest
+import versus_upstream
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-
-import grpc_path_bench  # noqa: E402
-import versus_upstream  # noqa: E402
 
 
 def _lines(script: str, *flags: str) -> list[dict[str, Any]]:

@@ -40,7 +40,8 @@ from typing import Any
 from smg_bench import client_cpus_beside, cpu_list, measure, spread  # beside this script
 from smg_servicer_core.testing.process import spawn_with_port_file
 
-ROOT = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+ROOT = Path.cwd()
 UPSTREAM_SERVER = Path(__file__).with_name("upstream_vllm_fake.py")
 UPSTREAM = "smg-grpc-servicer"
 

@@ -20,15 +20,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from smg_servicer_core import proto
-from smg_servicer_core.testing.requests import generate_request
+from smg_servicer_core.testing.requests import STUBS, generate_request
 
-STUBS = {
-    "mlx": ("mlx_engine_pb2_grpc", "MlxEngineStub"),
-    "vllm": ("vllm_engine_pb2_grpc", "VllmEngineStub"),
-    "sglang": ("sglang_scheduler_pb2_grpc", "SglangSchedulerStub"),
-    "tokenspeed": ("tokenspeed_scheduler_pb2_grpc", "TokenSpeedSchedulerStub"),
-}
 MAX_TOKENS = 8
 
 
@@ -53,14 +46,12 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=240.0)
     args = parser.parse_args()
-    module_name, stub_name = STUBS[args.wire]
-    module = getattr(proto, module_name)
     started = time.monotonic()
     with grpc.insecure_channel(f"127.0.0.1:{args.port}") as channel:
         try:
             wait_serving(channel, started + args.timeout)
             ready_s = time.monotonic() - started
-            stub = getattr(module, stub_name)(channel)
+            stub = STUBS[args.wire](channel)
             request = generate_request(
                 args.wire, [1, 2, 3, 4, 5], max_tokens=MAX_TOKENS, temperature=0.0
             )

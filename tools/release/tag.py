@@ -14,7 +14,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: the current folder (release.yml runs ``python tools/release/tag.py`` there).
+REPO = Path.cwd()
 TAG = re.compile(r"^(?P<dist>[a-z0-9][a-z0-9-]*?)-v(?P<version>\d+\.\d+\.\d+(?:[a-z]+\d+)?)$")
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
+from smg_it.paths import REPO
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
 PYPROJECTS = sorted((REPO / "packages").glob("*/pyproject.toml"))
 PROJECTS: dict[str, dict[str, Any]] = {
     tomllib.loads(p.read_text())["project"]["name"]: tomllib.loads(p.read_text())["project"]

@@ -5,19 +5,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
 from smg_grpc_proto.generated import mlx_engine_pb2, sglang_scheduler_pb2, vllm_engine_pb2
 
+from smg_it.paths import REPO
 from smg_servicer_core import validate
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.testing.bad_requests import BAD_REQUESTS
 from smg_servicer_core.watchdog import Watchdog, child_exited
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _message(call: object) -> str:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,15 +11,7 @@ import pytest
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import MetricsServer, ServicerMetrics
 from smg_servicer_core.proto import mlx_engine_pb2_grpc
-from smg_servicer_core.testing import RunningServer, cached_tiny_model, running_server
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    """The float32 tiny Llama, built once per machine under .cache/models."""
-    return cached_tiny_model(Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")))
+from smg_servicer_core.testing import RunningServer, running_server
 
 
 @pytest.fixture

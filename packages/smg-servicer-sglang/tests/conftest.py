@@ -8,29 +8,14 @@ behind it, started once per session on the float32 tiny model; ``reference`` is 
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from helpers import Server, free_port, run_reference, start_server, stop_server, wait_serving
-
-from smg_servicer_core.testing import cached_tiny_model
-
-REPO = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
-    return cached_tiny_model(root)
+from smg_it.harness import free_port, stop_tree
+from smg_it.sglang_suite import Server, run_reference, start_server
 
 
 @pytest.fixture(scope="session")
@@ -45,15 +30,10 @@ def sglang_server(tiny_model: Path) -> Iterator[Server]:
     )
     server.metrics_port = metrics_port
     try:
-        wait_serving(server)
+        server.wait_serving()
         yield server
     finally:
-        children = server.children()
-        code = stop_server(server)
-        gone, alive = psutil.wait_procs(children, timeout=10)
-        del gone
-        for proc in alive:
-            proc.kill()
+        code, alive = stop_tree(server)
         # SIGTERM is a clean stop: exit 0 and no scheduler left behind.
         assert code == 0, server.tail()
         assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
@@ -61,5 +41,5 @@ def sglang_server(tiny_model: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def reference(tiny_model: Path) -> Any:
-    """``sglang.Engine``'s own outputs for :data:`reference_run.CASES`."""
+    """``sglang.Engine``'s own outputs for :data:`smg_it.sglang_reference.CASES`."""
     return run_reference(tiny_model)

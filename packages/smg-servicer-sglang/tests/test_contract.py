@@ -14,15 +14,15 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from fake_scheduler import FakeScheduler, port_args, token_output
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from smg_it.figures import record
+from smg_it.sglang_scheduler import FakeScheduler, port_args, token_output
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import RunningServer, running_server
-from smg_servicer_core.testing.figures import record
 from smg_servicer_core.testing.health import (
     assert_health_follows_probe,
     assert_not_serving_from_shutdown,

@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc.aio
 import psutil
 import pytest
-from helpers import Server, start_server, stop_server, wait_serving
 
+from smg_it.sglang_suite import Server, start_server
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
@@ -28,10 +28,10 @@ DP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
 def dp_server(tiny_model: Path) -> Iterator[Server]:
     server = start_server(tiny_model, "--dp-size", "2", "--max-total-tokens", "8192", env=DP_ENV)
     try:
-        wait_serving(server)
+        server.wait_serving()
         yield server
     finally:
-        stop_server(server)
+        server.stop()
 
 
 async def _exercise(address: str) -> None:

@@ -11,9 +11,9 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from helpers import Server, run_reference, start_server, stop_server, wait_serving
-from reference_run import EMBED_CASES
 
+from smg_it.sglang_reference import EMBED_CASES
+from smg_it.sglang_suite import Server, run_reference, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -30,10 +30,10 @@ def embed_reference(tiny_model: Path) -> dict[str, list[float]]:
 def embed_server(tiny_model: Path) -> Iterator[Server]:
     server = start_server(tiny_model, "--is-embedding")
     try:
-        wait_serving(server)  # the warm-up is an Embed for an embedding model
+        server.wait_serving()  # the warm-up is an Embed for an embedding model
         yield server
     finally:
-        assert stop_server(server) == 0, server.tail()
+        assert server.stop() == 0, server.tail()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

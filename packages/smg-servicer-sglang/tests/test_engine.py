@@ -13,9 +13,9 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import SERVICE, Server
-from reference_run import CASES, MAX_TOKENS, TOP
 
+from smg_it.sglang_reference import CASES, MAX_TOKENS, TOP
+from smg_it.sglang_suite import SERVICE, Server
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc

@@ -12,8 +12,10 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from helpers import Server, free_port, start_server, stop_server, wait_serving
 
+from smg_it.harness import free_port
+from smg_it.kv import KvEvents, kv_prompt
+from smg_it.sglang_suite import Server, start_server
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
@@ -36,10 +38,10 @@ def kv_server(tiny_model: Path) -> Iterator[Server]:
         env={"SMG_SGLANG_SERVICER_WARMUP": "off"},
     )  # fmt: skip
     try:
-        wait_serving(server)
+        server.wait_serving()
         yield server
     finally:
-        assert stop_server(server) == 0, server.tail()
+        assert server.stop() == 0, server.tail()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -49,7 +51,7 @@ async def stub(kv_server: Server) -> AsyncIterator[Any]:
 
 
 def prompt(seed: int, length: int = 300) -> list[int]:
-    return [(seed * 53 + i * 7) % 4000 + 4 for i in range(length)]
+    return kv_prompt(seed, length)
 
 
 async def generate(stub: Any, ids: list[int]) -> None:
@@ -63,30 +65,21 @@ async def generate(stub: Any, ids: list[int]) -> None:
 
 
 async def test_block_stored_and_removed_flow_through_the_servicer(stub: Any) -> None:
-    subscription = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-    batches: list[common_pb2.KvEventBatch] = []
-
-    async def collect() -> None:
-        while (batch := await subscription.read()) is not grpc.aio.EOF:
-            batches.append(batch)
-
-    reader = asyncio.create_task(collect())
     kinds: set[str] = set()
     sent: list[list[int]] = []
-    for attempt in range(40):  # the SUB needs a moment to join; keep sending distinct prompts
-        ids = prompt(attempt)
-        sent.append(ids)
-        await generate(stub, ids)
-        await asyncio.sleep(0.05)
-        kinds = {e.WhichOneof("data") for b in batches for e in b.events}
-        if {"stored", "removed"} <= kinds and attempt >= 10:
-            break
-    subscription.cancel()
-    await asyncio.gather(reader, return_exceptions=True)
+    async with KvEvents(stub) as events:
+        for attempt in range(40):  # the SUB needs a moment to join; keep sending distinct prompts
+            ids = prompt(attempt)
+            sent.append(ids)
+            await generate(stub, ids)
+            await asyncio.sleep(0.05)
+            kinds = events.kinds()
+            if {"stored", "removed"} <= kinds and attempt >= 10:
+                break
     assert {"stored", "removed"} <= kinds, kinds
-    seqs = [b.sequence_number for b in batches if not b.load.load_only]
+    seqs = events.sequence_numbers()
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no duplicate, no hole"
-    stored = [e.stored for b in batches for e in b.events if e.HasField("stored")]
+    stored = events.stored()
     tokens = {t for ids in sent for t in ids}
     assert all(t in tokens or t < 4096 for s in stored for b in s.blocks for t in b.token_ids)
     assert any(
@@ -96,7 +89,7 @@ async def test_block_stored_and_removed_flow_through_the_servicer(stub: Any) -> 
         for b in s.blocks[:1]
         for ids in sent
     ), "a root block holds the start of a prompt we sent"
-    assert all(b.HasField("load") for b in batches), "every batch carries the engine load"
+    assert all(b.HasField("load") for b in events.batches), "every batch carries the engine load"
 
 
 async def test_resume_from_a_cursor_replays_history(stub: Any) -> None:

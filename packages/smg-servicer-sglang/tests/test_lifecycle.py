@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from helpers import start_server, stop_server, wait_serving
 
+from smg_it.sglang_suite import start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -35,7 +35,7 @@ def test_sigterm_drains_the_stream_in_flight(tiny_model: Path) -> None:
     # every other test here and the wheel check use).
     server = start_server(tiny_model, mode_flag="--grpc-mode")
     try:
-        wait_serving(server)
+        server.wait_serving()
         children = psutil.Process(server.proc.pid).children(recursive=True)
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.SglangSchedulerStub(channel)
@@ -59,13 +59,13 @@ def test_sigterm_drains_the_stream_in_flight(tiny_model: Path) -> None:
         _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
-        stop_server(server)
+        server.stop()
 
 
 def test_scheduler_death_exits_1_within_seconds(tiny_model: Path) -> None:
     server = start_server(tiny_model, env={"SMG_SGLANG_SERVICER_WARMUP": "off"})
     try:
-        wait_serving(server)
+        server.wait_serving()
         root = psutil.Process(server.proc.pid)
         schedulers = scheduler_processes(root)
         assert schedulers, "no scheduler process found"
@@ -80,7 +80,7 @@ def test_scheduler_death_exits_1_within_seconds(tiny_model: Path) -> None:
         _, alive = psutil.wait_procs(everything, timeout=15)
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
-        stop_server(server)
+        server.stop()
 
 
 def test_bad_kv_events_config_exits_2(tiny_model: Path) -> None:
@@ -88,7 +88,7 @@ def test_bad_kv_events_config_exits_2(tiny_model: Path) -> None:
     try:
         code = server.proc.wait(120)
     except subprocess.TimeoutExpired:
-        stop_server(server)
+        server.stop()
         raise
     assert code == 2, server.tail()
     assert "kv-events-config" in server.tail()

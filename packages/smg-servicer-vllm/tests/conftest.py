@@ -13,26 +13,10 @@ import pytest_asyncio
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.server import ExternalEngine, ServiceBinding
-from smg_servicer_core.testing import cached_tiny_model, running_server
-from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
+from smg_servicer_core.testing import running_server
 
-REPO = Path(__file__).resolve().parents[3]
 METRICS_ENV = "SMG_VLLM_SERVICER_METRICS_PORT"
 SESSION = pytest.mark.asyncio(loop_scope="session")
-
-
-MODEL_CACHE = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    return cached_tiny_model(MODEL_CACHE)
-
-
-@pytest.fixture(scope="session")
-def tiny_vlm() -> Path:
-    """The float32 tiny Idefics3 (core's factory)."""
-    return cached_tiny_vlm(MODEL_CACHE)
 
 
 #: The tiny VLM engine's image limit (--limit-mm-per-prompt image=2); the sidecar tests match it.

@@ -25,6 +25,8 @@ from smg_servicer_vllm.mm_settings import (
     resolve_mm_settings,
 )
 
+pytestmark = pytest.mark.unit
+
 IMAGE, VIDEO = 10, 11
 ON = MmSettings(processor="inprocess", max_item_bytes=300)
 

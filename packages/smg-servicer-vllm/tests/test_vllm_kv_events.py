@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,18 +11,14 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from smg_it.harness import free_port
+from smg_it.kv import KvEvents
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.testing import generate_request
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
 BLOCK = 128  # vLLM's CPU block size
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -39,8 +34,8 @@ async def kv_llm(tiny_model: Path, make_llm: Any) -> AsyncIterator[Any]:
         kv_events_config=KVEventsConfig(
             enable_kv_cache_events=True,
             publisher="zmq",
-            endpoint=f"tcp://*:{_free_port()}",
-            replay_endpoint=f"tcp://*:{_free_port()}",
+            endpoint=f"tcp://*:{free_port()}",
+            replay_endpoint=f"tcp://*:{free_port()}",
         ),
     )
     yield llm
@@ -55,35 +50,26 @@ async def kv_stack(kv_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]
 
 async def test_block_stored_and_removed_flow_through_the_servicer(kv_stack) -> None:
     _, stub = kv_stack
-    subscription = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-    batches: list[common_pb2.KvEventBatch] = []
-
-    async def collect() -> None:
-        while (batch := await subscription.read()) is not grpc.aio.EOF:
-            batches.append(batch)
-
-    reader = asyncio.create_task(collect())
     prompts = [[(p * 37 + i) % 4000 + 4 for i in range(2 * BLOCK + 10)] for p in range(10)]
     kinds: set[str] = set()
-    for attempt in range(30):  # the SUB needs a moment to join; keep sending distinct prompts
-        prompt = (
-            prompts[attempt % len(prompts)]
-            if attempt < 10
-            else [(attempt * 53 + i) % 4000 + 4 for i in range(2 * BLOCK + 10)]
-        )
-        call = stub.Generate(generate_request("vllm", prompt, max_tokens=2, ignore_eos=True))
-        async for _ in call:
-            pass
-        await asyncio.sleep(0.1)
-        kinds = {e.WhichOneof("data") for b in batches for e in b.events}
-        if {"stored", "removed"} <= kinds:
-            break
-    subscription.cancel()
-    await asyncio.gather(reader, return_exceptions=True)
+    async with KvEvents(stub) as events:
+        for attempt in range(30):  # the SUB needs a moment to join; keep sending distinct prompts
+            prompt = (
+                prompts[attempt % len(prompts)]
+                if attempt < 10
+                else [(attempt * 53 + i) % 4000 + 4 for i in range(2 * BLOCK + 10)]
+            )
+            call = stub.Generate(generate_request("vllm", prompt, max_tokens=2, ignore_eos=True))
+            async for _ in call:
+                pass
+            await asyncio.sleep(0.1)
+            kinds = events.kinds()
+            if {"stored", "removed"} <= kinds:
+                break
     assert {"stored", "removed"} <= kinds, kinds
-    seqs = [b.sequence_number for b in batches if not b.load.load_only]
+    seqs = events.sequence_numbers()
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no duplicate, no hole"
-    stored = [e.stored for b in batches for e in b.events if e.HasField("stored")]
+    stored = events.stored()
     sent = {tuple(p[:BLOCK]) for p in prompts} | {
         tuple((a * 53 + i) % 4000 + 4 for i in range(BLOCK)) for a in range(30)
     }
@@ -92,7 +78,7 @@ async def test_block_stored_and_removed_flow_through_the_servicer(kv_stack) -> N
     ]
     assert first_blocks and all(block in sent for block in first_blocks)
     assert all(b.block_size == BLOCK for s in stored for b in s.blocks)
-    assert all(b.HasField("load") for b in batches), "every batch carries the engine load"
+    assert all(b.HasField("load") for b in events.batches), "every batch carries the engine load"
 
 
 async def test_kv_events_off_is_unimplemented(vllm_stack) -> None:

@@ -16,6 +16,9 @@ import pytest
 
 from smg_servicer_vllm import plugin
 
+# vLLM's real parsers (and its launcher, which exits before it builds an engine): no engine runs.
+pytestmark = pytest.mark.unit
+
 MODEL = "/models/m"
 
 

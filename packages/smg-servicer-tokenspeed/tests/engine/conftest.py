@@ -11,31 +11,18 @@ every message it receives.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from helpers import SECRET, Record, start_ts, stop_clean
-
+from smg_it.harness import free_port, stop_tree
+from smg_it.tokenspeed_suite import SECRET, Record, start_ts
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2_grpc as pb_grpc
-from smg_servicer_core.testing import cached_tiny_model
-from smg_servicer_core.testing.process import WorkerProcess, free_port
-
-REPO = Path(__file__).resolve().parents[4]
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    root = Path(os.environ.get("SMG_MODEL_CACHE", REPO / ".cache" / "models")).resolve()
-    return cached_tiny_model(root)
+from smg_servicer_core.testing.process import WorkerProcess
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +56,7 @@ def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
         yield server
         drained = drain_on_sigterm(server)
     finally:
-        code, alive = stop_clean(server)
+        code, alive = stop_tree(server)
     # SIGTERM mid-stream: the stream completed, new calls were refused, exit 0, nothing left.
     assert drained == (DRAIN_TOKENS, "length"), drained
     assert code == 0, server.tail()

@@ -14,8 +14,9 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import SECRET, SERVICE, Record
 
+from smg_it.kv import KvEvents, kv_prompt
+from smg_it.tokenspeed_suite import SECRET, SERVICE, Record
 from smg_servicer_core.proto import common_pb2, tokenspeed_encoder_pb2
 from smg_servicer_core.proto import tokenspeed_encoder_pb2_grpc as encoder_grpc
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
@@ -490,50 +491,37 @@ async def test_encoder_is_unimplemented_with_a_reason(channel: grpc.aio.Channel)
     assert "encode role" in (err.value.details() or "")
 
 
-def kv_prompt(seed: int, length: int = 40) -> list[int]:
-    return [(seed * 53 + i * 7) % 4000 + 4 for i in range(length)]
-
-
 @pytest.mark.standin
 async def test_kv_events_flow_from_tokenspeeds_publisher(stub: Any) -> None:
     """TokenSpeed's own ZMQ publisher (in the stand-in) -> the KV bridge -> SubscribeKvEvents:
     stored chains holding the prompts' blocks, in sequence, the engine load on every batch; a
     flush removes them."""
-    subscription = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
-    batches: list[common_pb2.KvEventBatch] = []
-
-    async def read() -> None:
-        while (batch := await subscription.read()) is not grpc.aio.EOF:
-            batches.append(batch)
-
-    reader = asyncio.create_task(read())
     sent: list[list[int]] = []
-    for attempt in range(40):  # the SUB needs a moment to join: keep sending new prompts
-        ids = kv_prompt(attempt)
-        sent.append(ids)
-        await collect(stub, request(ids, sampling={"max_new_tokens": 2}))
-        await asyncio.sleep(0.05)
-        if any(e.HasField("stored") for b in batches for e in b.events) and attempt >= 3:
-            break
-    await idle(stub)
-    flushed = await stub.FlushCache(common_pb2.FlushCacheRequest())
-    assert flushed.success
+    async with KvEvents(stub) as events:
+        for attempt in range(40):  # the SUB needs a moment to join: keep sending new prompts
+            ids = kv_prompt(attempt, 40)
+            sent.append(ids)
+            await collect(stub, request(ids, sampling={"max_new_tokens": 2}))
+            await asyncio.sleep(0.05)
+            if "stored" in events.kinds() and attempt >= 3:
+                break
+        await idle(stub)
+        flushed = await stub.FlushCache(common_pb2.FlushCacheRequest())
+        assert flushed.success
 
-    async def removed() -> bool:
-        return any(e.HasField("removed") for b in batches for e in b.events)
+        async def removed() -> bool:
+            return "removed" in events.kinds()
 
-    await wait_until(removed)
-    subscription.cancel()
-    await asyncio.gather(reader, return_exceptions=True)
-    seqs = [b.sequence_number for b in batches if not b.load.load_only]
+        await wait_until(removed)
+    seqs = events.sequence_numbers()
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no duplicate, no hole"
-    stored = [e.stored for b in batches for e in b.events if e.HasField("stored")]
+    stored = events.stored()
     roots = [s for s in stored if not s.HasField("parent_block_hash")]
     assert any(list(s.blocks[0].token_ids) == ids[:16] for s in roots for ids in sent), (
         "a root block holds the start of a prompt we sent"
     )
     assert all(len(b.token_ids) == 16 for s in stored for b in s.blocks)
-    assert all(b.HasField("load") for b in batches), "every batch carries the engine load"
+    assert all(b.HasField("load") for b in events.batches), "every batch carries the engine load"
 
 
 async def test_metrics_count_a_known_workload_exactly(stub: Any, ts_server: WorkerProcess) -> None:

@@ -17,8 +17,9 @@ import grpc
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import SERVICE, start_ts, stop_clean
 
+from smg_it.harness import stop_tree
+from smg_it.tokenspeed_suite import SERVICE, start_ts
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing.process import free_port
@@ -79,7 +80,7 @@ def test_failed_warm_up_stays_not_serving_then_a_crash_exits_1(
         _, alive = psutil.wait_procs(everything, timeout=15)
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
-        stop_clean(server)
+        stop_tree(server)
 
 
 @pytest.mark.standin

@@ -1,6 +1,7 @@
 """Server processes for tests: one that reports its bound port through a file
 (``--port-file``), one that says it is ready in a line of its output (:func:`spawn_until_line`),
-and :class:`WorkerProcess`, a worker launched as users launch it."""
+and :class:`WorkerProcess`, a worker launched as users launch it (:func:`start_worker`; the
+router in front of one is :class:`smg_servicer_core.testing.router.Router`)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def free_port(below: int = 55536) -> int:
     """A free loopback port in [20000, ``below``) (SGLang derives a port at +10000, so its
     workers stay below 55536)."""
     for _ in range(200):
-        port = 20000 + int.from_bytes(os.urandom(2)) % (below - 20000)
+        port = 20000 + int.from_bytes(os.urandom(2), "big") % (below - 20000)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -190,6 +191,21 @@ class WorkerProcess:
             wait_serving(self.address, self.service, timeout_s=timeout_s, alive=alive)
         except TimeoutError as err:
             raise TimeoutError(f"not SERVING within {timeout_s}s:\n{self.tail()}") from err
+
+    def wait_listening(self, timeout_s: float = 120.0) -> None:
+        """Until something listens on the worker's port (bounded; fails at once when the process
+        exits, with the tail of its log)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"process exited {self.proc.returncode}:\n{self.tail(3000)}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"nothing listened on {self.port} within {timeout_s}s:\n{self.tail(3000)}"
+        )
 
     def stop(self, grace_s: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -9,9 +9,13 @@ from typing import Any, Literal
 
 from smg_servicer_core.proto import (
     mlx_engine_pb2,
+    mlx_engine_pb2_grpc,
     sglang_scheduler_pb2,
+    sglang_scheduler_pb2_grpc,
     tokenspeed_scheduler_pb2,
+    tokenspeed_scheduler_pb2_grpc,
     vllm_engine_pb2,
+    vllm_engine_pb2_grpc,
 )
 
 Wire = Literal["mlx", "vllm", "sglang", "tokenspeed"]
@@ -22,6 +26,22 @@ WIRES: dict[str, tuple[ModuleType, str]] = {
     "vllm": (vllm_engine_pb2, "max_tokens"),
     "sglang": (sglang_scheduler_pb2, "max_new_tokens"),
     "tokenspeed": (tokenspeed_scheduler_pb2, "max_new_tokens"),
+}
+
+#: wire -> the generated client stub of its engine service (``STUBS[wire](channel)``)
+STUBS: dict[str, Any] = {
+    "mlx": mlx_engine_pb2_grpc.MlxEngineStub,  # pyright: ignore[reportUnknownMemberType]
+    "vllm": vllm_engine_pb2_grpc.VllmEngineStub,  # pyright: ignore[reportUnknownMemberType]
+    "sglang": sglang_scheduler_pb2_grpc.SglangSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+    "tokenspeed": tokenspeed_scheduler_pb2_grpc.TokenSpeedSchedulerStub,  # pyright: ignore[reportUnknownMemberType]
+}
+
+#: wire -> the engine service's full name (what ``grpc.health.v1`` is asked about)
+SERVICES: dict[str, str] = {
+    "mlx": "mlx.grpc.engine.MlxEngine",
+    "vllm": "vllm.grpc.engine.VllmEngine",
+    "sglang": "sglang.grpc.scheduler.SglangScheduler",
+    "tokenspeed": "tokenspeed.grpc.scheduler.TokenSpeedScheduler",
 }
 
 _counter = itertools.count()

@@ -3,7 +3,7 @@ SGLang's and TokenSpeed's own), read by ``tools/reliability_report.py``.
 
     record("vllm", storm_requests=1000, storm_leaked=0)
 
-The file is ``.cache/reliability/figures.json`` under the repository (``SMG_RELIABILITY_FIGURES``
+The file is ``.cache/reliability/figures.json`` under the checkout (``SMG_RELIABILITY_FIGURES``
 overrides): one JSON object per engine, merged on every call.
 """
 
@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from smg_it.paths import CACHE
 from smg_servicer_core.config import Setting, setting_value
 
 FIGURES = Setting("figures", str, "", "the reliability figures file", env="SMG_RELIABILITY_FIGURES")
@@ -22,7 +23,7 @@ def figures_path() -> Path:
     override = setting_value(FIGURES)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[5] / ".cache" / "reliability" / "figures.json"
+    return CACHE / "reliability" / "figures.json"
 
 
 def record(engine: str, **figures: Any) -> None:

@@ -1,6 +1,6 @@
 """What ``sglang.Engine`` (in-process, no servicer) produces for the cases the engine tests
-replay through the servicer. Run by the ``reference`` fixture: ``python reference_run.py MODEL
-OUT.json``."""
+replay through the servicer. Run in a process of its own by :func:`smg_it.sglang.run_reference`
+(``python -m smg_it.sglang_reference MODEL OUT.json [--embed]``), in the SGLang environment."""
 
 from __future__ import annotations
 
