@@ -20,7 +20,7 @@ import pytest
 from smg_it.harness import Router, Worker, free_port, vllm_worker
 from smg_servicer_core.testing.media import data_url, png_image
 from smg_servicer_core.testing.redis_server import RedisServer
-from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
+from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = pytest.mark.integration
 

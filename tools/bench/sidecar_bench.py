@@ -37,8 +37,8 @@ from smg_servicer_core.testing.media import MediaServer, data_url, png_image
 from smg_servicer_core.testing.process import free_port, start_worker
 from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_vlm import cached_tiny_vlm
-from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
 from smg_servicer_vllm.testing import launcher_command
+from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 #: The checkout's root: these scripts run from there (``python tools/...``).
 REPO = Path.cwd()

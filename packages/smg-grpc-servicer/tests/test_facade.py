@@ -122,6 +122,7 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
         "import sys\n"
         "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
         "import smg_servicer_vllm.sampling, smg_servicer_vllm.mm, smg_servicer_vllm.plugin\n"
+        "import smg_servicer_vllm.mm_sidecar.settings, smg_servicer_mm_sidecar.service\n"
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
         "import smg_servicer_tokenspeed.convert, smg_servicer_tokenspeed.info\n"
         "import smg_servicer_tokenspeed.loads, smg_servicer_tokenspeed.settings\n"
@@ -150,7 +151,7 @@ def test_the_vllm_redis_extra_brings_the_worker_client_and_the_sidecar() -> None
 def test_the_sidecar_path_names_its_package() -> None:
     from smg_grpc_servicer._delegate import install_hint
 
-    assert install_hint("mm_sidecar") == "pip install 'smg-servicer-mm-sidecar[vllm]'"
+    assert install_hint("mm_sidecar") == "pip install 'smg-servicer-vllm[vllm,redis]'"
     facade = importlib.import_module("smg_grpc_servicer.vllm.mm_sidecar")
     assert callable(facade.main)
     assert "vllm" not in sys.modules or _installed("vllm")  # importing it loaded no engine

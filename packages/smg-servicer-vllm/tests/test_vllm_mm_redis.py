@@ -22,9 +22,9 @@ from smg_servicer_core.testing.media import MediaServer, data_url, png_image
 from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_mm_sidecar import protocol as p
 from smg_servicer_mm_sidecar.client import connect
-from smg_servicer_mm_sidecar.testing import SidecarProcess, sidecar_args
 from smg_servicer_vllm.mm_settings import MmSettings
 from smg_servicer_vllm.testing.multimodal import complete, media_request, reference, vlm_prompts
+from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 

@@ -11,8 +11,9 @@ ENGINE_PACKAGES: dict[str, tuple[str, str, str]] = {
     "sglang": ("smg-servicer-sglang", "smg_servicer_sglang", "sglang"),
     "mlx": ("smg-servicer-mlx", "smg_servicer_mlx", "mlx"),
     "tokenspeed": ("smg-servicer-tokenspeed", "smg_servicer_tokenspeed", "tokenspeed"),
-    # The multimodal sidecar of vLLM workers (smg_grpc_servicer.vllm.mm_sidecar).
-    "mm_sidecar": ("smg-servicer-mm-sidecar", "smg_servicer_mm_sidecar", "vllm"),
+    # The multimodal sidecar of vLLM workers (smg_grpc_servicer.vllm.mm_sidecar): vLLM's
+    # processing, so the vLLM package's (smg_servicer_vllm.mm_sidecar) with the Redis client.
+    "mm_sidecar": ("smg-servicer-vllm", "smg_servicer_vllm", "vllm,redis"),
 }
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from smg_servicer_core.config import resolve
 from smg_servicer_core.errors import ConfigError
-from smg_servicer_mm_sidecar.settings import SETTINGS
 from smg_servicer_vllm.mm_settings import resolve_mm_settings
+from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
 
 pytestmark = pytest.mark.unit
 

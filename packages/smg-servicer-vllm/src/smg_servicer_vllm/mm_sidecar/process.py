@@ -1,4 +1,4 @@
-"""The sidecar process: ``python -m smg_servicer_mm_sidecar`` (and the facade's
+"""The sidecar process: ``python -m smg_servicer_vllm.mm_sidecar`` (and the facade's
 ``python -m smg_grpc_servicer.vllm.mm_sidecar``).
 
 ::
@@ -43,14 +43,16 @@ from smg_servicer_mm_sidecar.protocol import (
     failure,
 )
 from smg_servicer_mm_sidecar.service import Sidecar
-from smg_servicer_mm_sidecar.settings import SETTINGS
 from smg_servicer_vllm._mm_engine import InprocessProcessor
 from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable
 from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
+from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
 
+#: One logger tree with the sidecar's loops (``smg_servicer_mm_sidecar.service``).
 logger = logging.getLogger("smg_servicer_mm_sidecar")
 PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
+REDIS_EXTRA = "'smg-servicer-vllm[redis]'"
 
 
 def process_code(cause: BaseException | None) -> str:
@@ -146,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    try:
+        redis = connect(resolved["redis_url"])  # no connection yet: the loops make it
+    except ImportError:
+        print(f"{PROG}: needs the Redis client: pip install {REDIS_EXTRA}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
     from vllm.renderers.registry import (  # noqa: PLC0415
@@ -162,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     renderer: Any = renderer_from_config(vllm_config)  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
     processor = VllmJobProcessor(vllm_config, renderer, resolved["mm_max_video_frames"])
     sidecar = Sidecar(
-        connect(resolved["redis_url"]),
+        redis,
         processor.fingerprint,
         processor,
         namespace=resolved["namespace"],
