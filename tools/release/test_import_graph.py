@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
+from smg_it.paths import REPO
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(p.parent for p in (REPO / "packages").glob("*/pyproject.toml"))
 FACADE = "smg-grpc-servicer"
 
