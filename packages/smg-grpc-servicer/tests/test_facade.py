@@ -122,6 +122,7 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
         "import sys\n"
         "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
         "import smg_servicer_vllm.sampling, smg_servicer_vllm.mm, smg_servicer_vllm.plugin\n"
+        "import smg_servicer_vllm.multimodal, smg_servicer_vllm.mm_redis\n"
         "import smg_servicer_vllm.mm_sidecar.settings, smg_servicer_mm_sidecar.service\n"
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
         "import smg_servicer_tokenspeed.convert, smg_servicer_tokenspeed.info\n"

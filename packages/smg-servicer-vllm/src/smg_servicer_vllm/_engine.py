@@ -1,4 +1,5 @@
-"""The one module that imports vLLM: builds its request objects."""
+"""With :mod:`._mm_engine` (the multimodal side), the one module that imports vLLM: builds its
+request objects, and hands the plugin vLLM's argument parser."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ except ImportError as err:  # pragma: no cover - exercised by the lazy-import te
         "smg-servicer-vllm needs vLLM: pip install 'smg-servicer-vllm[vllm]'"
     ) from err
 
-__all__ = ["VLLM_VERSION", "embed_params", "sampling_params", "tokens_prompt"]
+__all__ = [
+    "VLLM_VERSION",
+    "argument_parser",
+    "embed_params",
+    "greedy_params",
+    "sampling_params",
+    "tokens_prompt",
+]
 
 VLLM_VERSION: str = str(getattr(_vllm_version, "__version__", "unknown"))
 
@@ -39,3 +47,16 @@ def tokens_prompt(input_ids: list[int], text: str = "") -> Any:
 
 def embed_params() -> Any:
     return PoolingParams(task="embed")
+
+
+def greedy_params(max_tokens: int) -> Any:
+    """Plain greedy sampling of exactly ``max_tokens`` tokens (the tests' reference runs)."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def argument_parser() -> Any:
+    """vLLM's ``FlexibleArgumentParser``, the class the plugin wraps (ImportError in a vLLM
+    without it: such a vLLM has no gRPC launcher we serve)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    return FlexibleArgumentParser

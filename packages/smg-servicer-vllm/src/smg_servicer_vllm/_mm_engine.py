@@ -1,4 +1,7 @@
-"""Multimodal engine inputs, built with vLLM's own types (imports vLLM and torch).
+"""The multimodal engine side: everything built with vLLM's own types (imports vLLM and torch).
+
+The orchestration (:class:`~smg_servicer_vllm.multimodal.MultimodalPath`: plan, gate, processor)
+and the sidecar's protocol handling are engine-free; they call in here for:
 
 - :func:`tensor_input`: the router's preprocessed batches (``mm_inputs`` + ``extra_mm_inputs``)
   -> ``vllm.inputs.engine.mm_input(...)``: every tensor read and checked by core's
@@ -8,51 +11,57 @@
   ``im_token_id``. vLLM's renderer is bypassed: the router already expanded the prompt.
 - :class:`InprocessProcessor`: media refs fetched with vLLM's media connector (the engine's
   ``--allowed-media-domains``, ``--allowed-local-media-path``, ``--media-io-kwargs`` and
-  ``VLLM_*_FETCH_TIMEOUT``), then expanded and processed by vLLM's renderer.
+  ``VLLM_*_FETCH_TIMEOUT``), then expanded and processed by vLLM's renderer (the worker's
+  ``--mm-processor inprocess``, and the sidecar's processing).
+- :func:`mm_facts`: what the model accepts, read once at start.
+- the sidecar's vLLM pieces: :func:`fingerprint_of` (the protocol fingerprint of a
+  ``ModelConfig``), the ``MultiModalKwargsItem`` blob codec (:func:`encode_item`,
+  :func:`decode_items`: vLLM's own msgpack codec, every tensor inline, no pickle),
+  :func:`sidecar_input` (a sidecar result as vLLM's engine input) and the sidecar process's
+  parser and renderer (:func:`sidecar_parser`, :func:`sidecar_renderer`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+import vllm
 import vllm.envs as vllm_envs
 from vllm.inputs.engine import mm_input
 from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems, PlaceholderRange
+from vllm.multimodal.inputs import (
+    MultiModalFieldConfig,
+    MultiModalKwargsItem,
+    MultiModalKwargsItems,
+    PlaceholderRange,
+)
 from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from smg_servicer_core.errors import InvalidRequest
-from smg_servicer_core.tensors import (
-    MAX_TENSOR_BYTES,
-    RawTensor,
-    read_tensor,
-    release_shm,
-    shm_namespace_id,
-)
+from smg_servicer_core.tensors import MAX_TENSOR_BYTES, RawTensor, read_tensor
+from smg_servicer_mm_sidecar.protocol import MODALITIES, Fingerprint, limit_string, sorted_json
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
     MediaItem,
-    MmGate,
     accepted_schemes,
     fetch_error,
-    format_limits,
-    has_tensors,
-    item_limits,
-    media_items,
 )
 from smg_servicer_vllm.mm_settings import MmSettings
-
-if TYPE_CHECKING:
-    from smg_servicer_vllm.mm_redis import RedisProcessor
+from smg_servicer_vllm.multimodal import MmFacts
 
 logger = logging.getLogger(__name__)
+#: Every tensor inline in the one buffer (vLLM's out-of-band buffers would need a side channel).
+_INLINE = 2**62
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -163,7 +172,7 @@ def _batch(
     batch: Any,
     where: str,
     ids: Sequence[int],
-    facts: _TensorFacts,
+    facts: TensorFacts,
     request_id: str,
 ) -> tuple[str, list[Any], list[str], list[PlaceholderRange]]:
     modality = MODALITY_NAMES.get(int(batch.modality))
@@ -193,13 +202,15 @@ def _batch(
 
 
 @dataclass(frozen=True)
-class _TensorFacts:
+class TensorFacts:
+    """What building a tensor request needs of the model, read once at start."""
+
     dtype: torch.dtype
     #: The most embedding positions one item of a modality fills (vLLM's encoder budget).
     max_embeds: Mapping[str, int]
 
 
-def tensor_input(request: Any, ids: list[int], facts: _TensorFacts) -> Any:
+def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
     """The engine input of a request with ``mm_inputs`` / ``extra_mm_inputs``."""
     batches = [("mm_inputs", request.mm_inputs)] if request.HasField("mm_inputs") else []
     batches += [(f"extra_mm_inputs[{i}]", b) for i, b in enumerate(request.extra_mm_inputs)]
@@ -334,15 +345,8 @@ def model_dtype(engine: Any) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-@dataclass(frozen=True)
-class MmFacts:
-    """What the engine's model accepts, read once at start."""
-
-    supported: bool = False
-    limits: Mapping[str, int] = field(default_factory=dict[str, int])
-    anchors: Mapping[str, int] = field(default_factory=dict[str, int])
-    encoder_budget: int = 0
-    max_embeds_per_item: Mapping[str, int] = field(default_factory=dict[str, int])
+def tensor_facts(engine: Any, max_embeds: Mapping[str, int]) -> TensorFacts:
+    return TensorFacts(model_dtype(engine), max_embeds)
 
 
 def mm_facts(engine: Any) -> MmFacts:
@@ -381,107 +385,113 @@ def _anchor_tokens(hf: Any) -> dict[str, int]:
     return anchors
 
 
-class MultimodalPath:
-    """A request's multimodal input -> vLLM's engine input, under the ``--mm-max-inflight`` gate."""
+# The sidecar's vLLM pieces ---------------------------------------------------------------------
 
-    def __init__(self, engine: Any, settings: MmSettings) -> None:
-        self.settings = settings
-        try:
-            self.facts = mm_facts(engine)
-        except Exception:  # a model vLLM cannot build a processor for: serve text only
-            logger.warning("the model's multimodal processor could not be built; serving text")
-            self.facts = MmFacts()
-        self.mode = settings.processor
-        if self.mode != "off" and not self.facts.supported:
-            logger.info(
-                "--mm-processor %s is ignored: the model accepts no media; processing stays off",
-                self.mode,
+
+def fingerprint_of(model_config: Any) -> Fingerprint:
+    """The protocol fingerprint of a vLLM model configuration (the worker's engine, the sidecar's
+    config). The limits are vLLM's resolved per-modality counts (``{"image": 2}`` and
+    ``{"image": {"count": 2}}`` agree)."""
+    mm = model_config.multimodal_config
+    given: Mapping[str, Any] = getattr(mm, "limit_per_prompt", None) or {}
+    off = bool(getattr(mm, "language_model_only", False))
+    limits: dict[str, int | None] = {
+        m: 0 if off else (int(mm.get_limit_per_prompt(m)) if m in given else None)
+        for m in MODALITIES
+    }
+    return Fingerprint(
+        model=str(model_config.model),
+        vllm_version=str(vllm.__version__),
+        dtype=str(model_config.dtype).removeprefix("torch."),
+        video_backend=str(vllm_envs.VLLM_VIDEO_LOADER_BACKEND),
+        media_io_kwargs=sorted_json(getattr(mm, "media_io_kwargs", None)),
+        mm_processor_kwargs=sorted_json(getattr(mm, "mm_processor_kwargs", None)),
+        limit_per_prompt=limit_string(limits),
+    )
+
+
+def encode_item(item: Any) -> bytes:
+    """One ``MultiModalKwargsItem`` as one msgpack buffer."""
+    buffers = MsgpackEncoder(size_threshold=_INLINE).encode(item)
+    if len(buffers) != 1:
+        raise ValueError("the item did not encode into one buffer")
+    return bytes(buffers[0])  # pyright: ignore[reportArgumentType]
+
+
+@functools.cache
+def _decoder() -> MsgpackDecoder:
+    return MsgpackDecoder(MultiModalKwargsItem)
+
+
+def decode_item(blob: bytes, dtype: torch.dtype) -> Any:
+    """The item back, its floating tensors cast to ``dtype`` (the worker's model dtype)."""
+    item = _decoder().decode(bytearray(blob))  # writable: vLLM may move or cast in place
+    if not isinstance(item, MultiModalKwargsItem):
+        raise ValueError("the blob is not a MultiModalKwargsItem")
+    for key, elem in list(item.items()):
+        data = elem.data
+        if isinstance(data, torch.Tensor) and data.is_floating_point() and data.dtype != dtype:
+            item[key] = dataclasses.replace(elem, data=data.to(dtype))
+    return item
+
+
+def sidecar_input(
+    ids: list[int],
+    kwargs: Mapping[str, list[Any]],
+    hashes: Mapping[str, list[str]],
+    spans: Mapping[str, Sequence[tuple[int, int, Sequence[bool] | None]]],
+    *,
+    text: str,
+    arrival_time: float,
+) -> Any:
+    """A checked sidecar result as vLLM's engine input: the decoded items, their hashes and
+    their placeholders (``(offset, length, embed mask or None)``, checked by the caller)."""
+    placeholders = {
+        modality: [
+            PlaceholderRange(
+                offset=offset,
+                length=length,
+                is_embed=None if mask is None else torch.tensor(mask, dtype=torch.bool),
             )
-            self.mode = "off"
-        self.limits = item_limits(self.facts.limits, settings.max_items)
-        self.tensor_facts = _TensorFacts(model_dtype(engine), self.facts.max_embeds_per_item)
-        self.gate = MmGate(settings.max_inflight)
-        self.processor: InprocessProcessor | RedisProcessor | None = None
-        if self.mode == "inprocess":
-            self.processor = InprocessProcessor(engine, settings)
-        elif self.mode == "redis":
-            from smg_servicer_vllm.mm_redis import RedisProcessor  # noqa: PLC0415
+            for offset, length, mask in ranges
+        ]
+        for modality, ranges in spans.items()
+    }
+    engine_input = mm_input(
+        ids,
+        MultiModalKwargsItems(dict(kwargs)),
+        dict(hashes),
+        placeholders,  # pyright: ignore[reportArgumentType]
+        prompt=text or None,
+    )
+    engine_input["arrival_time"] = arrival_time  # pyright: ignore[reportGeneralTypeIssues]
+    return engine_input
 
-            self.processor = RedisProcessor(
-                engine, settings, self.tensor_facts.dtype, self.facts.max_embeds_per_item
-            )
 
-    @property
-    def schemes(self) -> tuple[str, ...]:
-        """The URL schemes media refs may use: the live sidecar's, or the worker's own."""
-        return self.processor.schemes if self.processor is not None else accepted_schemes(False)
+def sidecar_parser(prog: str, description: str, add_own: Callable[[Any], None]) -> Any:
+    """vLLM's argument parser with the caller's flags (``add_own(parser)``), then vLLM's engine
+    arguments."""
+    # The sidecar's alone (a worker never parses them): imported when the sidecar starts.
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
 
-    async def refresh(self) -> None:
-        """Re-read what may change while serving (whether the sidecar is alive)."""
-        if self.processor is not None:
-            await self.processor.refresh()
+    parser = FlexibleArgumentParser(prog=prog, description=description)
+    add_own(parser)
+    return AsyncEngineArgs.add_cli_args(parser)
 
-    @property
-    def advertised(self) -> bool:
-        """Whether media refs can be processed now (``mm_processor`` is advertised)."""
-        return self.processor is not None and self.processor.advertised
 
-    def check(self, request: Any) -> list[MediaItem]:
-        """The cheap checks of a multimodal request (no fetch, no tensor read): its media refs."""
-        if not self.facts.supported:
-            raise InvalidRequest("this model accepts no multimodal input")
-        if not request.HasField("media_refs"):
-            return []
-        return media_items(
-            request,
-            self.settings,
-            limits=self.limits,
-            schemes=self.schemes,
-            anchors=self.facts.anchors,
-        )
+def sidecar_renderer(namespace: Any) -> tuple[Any, Any]:
+    """vLLM's configuration for the parsed engine arguments and its renderer (no engine, no KV
+    cache, no weights); the renderer is None for a model that accepts no media."""
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.renderers.registry import (  # noqa: PLC0415
+        renderer_from_config,  # pyright: ignore[reportUnknownVariableType]
+    )
 
-    async def engine_input(self, request: Any, ids: list[int]) -> Any | None:
-        """The engine input for a multimodal request, or None for a text request."""
-        if not (request.HasField("media_refs") or has_tensors(request)):
-            return None
-        items = self.check(request)
-        if items:
-            assert self.processor is not None  # processing is on (media_items checked)
-            with self.gate.slot():
-                return await self.processor.engine_input(
-                    ids, items, request.tokenized.original_text, request.request_id
-                )
-        with self.gate.slot():
-            return await asyncio.to_thread(tensor_input, request, ids, self.tensor_facts)
-
-    async def aclose(self) -> None:
-        """Close the processor's connections (the sidecar's Redis client)."""
-        if self.processor is not None:
-            await self.processor.aclose()
-
-    @staticmethod
-    def release(request: Any) -> None:
-        """Free the shared-memory tensors of a request refused as the client's fault."""
-        batches = [request.mm_inputs] if request.HasField("mm_inputs") else []
-        batches += list(request.extra_mm_inputs)
-        if batches:
-            release_shm(
-                tensor
-                for batch in batches
-                for tensor in (batch.pixel_values, *batch.model_specific_tensors.values())
-            )
-
-    def server_info(self) -> dict[str, Any]:
-        """The ``GetServerInfo`` multimodal labels."""
-        fields: dict[str, Any] = {
-            "shm_namespace_id": shm_namespace_id(),
-            "mm_item_limits": format_limits(self.limits),
-            "mm_encoder_budget": self.facts.encoder_budget,
-        }
-        if self.advertised:
-            fields |= {
-                "mm_processor": self.mode,
-                "mm_media_ref_schemes": ",".join(self.schemes),
-                "mm_processor_source": self.settings.source,
-            }
-        return fields
+    engine_args = AsyncEngineArgs.from_cli_args(namespace)
+    engine_args.quantization = None  # the processor needs none; no weights are loaded
+    vllm_config = engine_args.create_engine_config()
+    if not getattr(vllm_config.model_config, "supports_multimodal_inputs", False):
+        return vllm_config, None
+    renderer: Any = renderer_from_config(vllm_config)  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+    return vllm_config, renderer

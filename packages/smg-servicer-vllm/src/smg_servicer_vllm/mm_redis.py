@@ -1,96 +1,35 @@
-"""``--mm-processor redis``: media refs processed by the GPU-free sidecar over Redis.
+"""``--mm-processor redis``: the worker's side of the GPU-free sidecar over Redis. Engine-free.
 
-Both sides import this module: :func:`fingerprint_of` derives the protocol fingerprint from a
-vLLM ``ModelConfig`` (the worker's engine, the sidecar's config), and :func:`encode_item` /
-:func:`decode_item` are the two ends of a ``MultiModalKwargsItem`` blob (vLLM's own msgpack
-codec, every tensor inline, no pickle). :class:`RedisProcessor` is the worker's processor: it
-submits a job through :class:`smg_servicer_mm_sidecar.client.SidecarClient`, checks the result
-(fingerprint, counts, placeholder spans, ids) and rebuilds vLLM's engine input with the model's
-float dtype.
+:class:`RedisProcessor` submits a job through
+:class:`smg_servicer_mm_sidecar.client.SidecarClient`, checks the result (fingerprint, counts,
+placeholder spans, ids) and has :mod:`._mm_engine` rebuild vLLM's engine input from it (the
+``MultiModalKwargsItem`` blobs decoded, floating tensors cast to the model's dtype). The sidecar's
+side is :mod:`smg_servicer_vllm.mm_sidecar`; the protocol is smg-servicer-mm-sidecar's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import torch
-import vllm
-import vllm.envs as vllm_envs
-from vllm.inputs.engine import mm_input
-from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
-from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from smg_servicer_core import validate
 from smg_servicer_core.errors import ConfigError, InvalidRequest, ServicerError, Unavailable
 from smg_servicer_mm_sidecar.protocol import (
     MODALITIES,
     SIDECAR_PROTOCOL,
-    Fingerprint,
     JobItem,
     JobResult,
-    Placeholder,
     SidecarError,
     client_message,
-    limit_string,
-    sorted_json,
 )
 from smg_servicer_vllm.mm import MediaItem, accepted_schemes
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 
 logger = logging.getLogger(__name__)
-#: Every tensor inline in the one buffer (vLLM's out-of-band buffers would need a side channel).
-_INLINE = 2**62
-
-
-def fingerprint_of(model_config: Any) -> Fingerprint:
-    """The protocol fingerprint of a vLLM model configuration. The limits are vLLM's resolved
-    per-modality counts (``{"image": 2}`` and ``{"image": {"count": 2}}`` agree)."""
-    mm = model_config.multimodal_config
-    given: Mapping[str, Any] = getattr(mm, "limit_per_prompt", None) or {}
-    off = bool(getattr(mm, "language_model_only", False))
-    limits: dict[str, int | None] = {
-        m: 0 if off else (int(mm.get_limit_per_prompt(m)) if m in given else None)
-        for m in MODALITIES
-    }
-    return Fingerprint(
-        model=str(model_config.model),
-        vllm_version=str(vllm.__version__),
-        dtype=str(model_config.dtype).removeprefix("torch."),
-        video_backend=str(vllm_envs.VLLM_VIDEO_LOADER_BACKEND),
-        media_io_kwargs=sorted_json(getattr(mm, "media_io_kwargs", None)),
-        mm_processor_kwargs=sorted_json(getattr(mm, "mm_processor_kwargs", None)),
-        limit_per_prompt=limit_string(limits),
-    )
-
-
-def encode_item(item: Any) -> bytes:
-    """One ``MultiModalKwargsItem`` as one msgpack buffer."""
-    buffers = MsgpackEncoder(size_threshold=_INLINE).encode(item)
-    if len(buffers) != 1:
-        raise ValueError("the item did not encode into one buffer")
-    return bytes(buffers[0])  # pyright: ignore[reportArgumentType]
-
-
-@functools.cache
-def _decoder() -> MsgpackDecoder:
-    return MsgpackDecoder(MultiModalKwargsItem)
-
-
-def decode_item(blob: bytes, dtype: torch.dtype) -> Any:
-    """The item back, its floating tensors cast to ``dtype`` (the worker's model dtype)."""
-    item = _decoder().decode(bytearray(blob))  # writable: vLLM may move or cast in place
-    if not isinstance(item, MultiModalKwargsItem):
-        raise ValueError("the blob is not a MultiModalKwargsItem")
-    for key, elem in list(item.items()):
-        data = elem.data
-        if isinstance(data, torch.Tensor) and data.is_floating_point() and data.dtype != dtype:
-            item[key] = dataclasses.replace(elem, data=data.to(dtype))
-    return item
+#: A placeholder as the engine side takes it: offset, length, embed mask (None: every position).
+Span = tuple[int, int, list[bool] | None]
 
 
 def as_servicer_error(exc: SidecarError) -> ServicerError:
@@ -109,11 +48,12 @@ class RedisProcessor:
         self,
         engine: Any,
         settings: MmSettings,
-        dtype: torch.dtype,
+        dtype: Any,
         max_embeds: Mapping[str, int] | None = None,
     ) -> None:
-        """``max_embeds``: the most embedding positions one item of a modality fills (vLLM's
-        per-item maximum): a result that places more would fail inside the engine."""
+        """``dtype``: the model's ``torch.dtype``. ``max_embeds``: the most embedding positions
+        one item of a modality fills (vLLM's per-item maximum): a result that places more would
+        fail inside the engine."""
         try:
             from smg_servicer_mm_sidecar.client import SidecarClient, connect  # noqa: PLC0415
 
@@ -123,6 +63,9 @@ class RedisProcessor:
                 "--mm-processor redis needs the Redis client: "
                 "pip install 'smg-servicer-vllm[redis]'"
             ) from exc
+        from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - the engine side (vLLM, torch)
+
+        self._engine_side = _mm_engine
         mc = engine.model_config
         self.vocab_size = int(mc.get_vocab_size())
         self.context_length = int(mc.max_model_len)
@@ -130,7 +73,7 @@ class RedisProcessor:
         self.max_embeds = dict(max_embeds or {})
         self.client = SidecarClient(
             redis,
-            fingerprint_of(mc),
+            _mm_engine.fingerprint_of(mc),
             namespace=settings.sidecar_namespace,
             timeout_ms=settings.sidecar_timeout_ms,
             max_queue=settings.sidecar_max_queue,
@@ -175,7 +118,7 @@ class RedisProcessor:
         ids = list(result.prompt_token_ids)
         validate.prompt(ids, self.vocab_size, self.context_length)
         kwargs: dict[str, list[Any]] = {}
-        placeholders: dict[str, list[PlaceholderRange]] = {}
+        spans: dict[str, list[Span]] = {}
         hashes: dict[str, list[str]] = {}
         for modality, blobs in result.mm_kwargs.items():
             ranges = result.mm_placeholders.get(modality, [])
@@ -183,26 +126,20 @@ class RedisProcessor:
             if modality not in MODALITIES or not (len(blobs) == len(ranges) == len(names)):
                 raise SidecarError(SIDECAR_PROTOCOL, f"the {modality} result is inconsistent")
             limit = self.max_embeds.get(modality)
-            placeholders[modality] = [self._range(p, len(ids), limit) for p in ranges]
+            spans[modality] = [self._span(p, len(ids), limit) for p in ranges]
             try:
-                kwargs[modality] = [decode_item(b, self.dtype) for b in blobs]
+                kwargs[modality] = [self._engine_side.decode_item(b, self.dtype) for b in blobs]
             except Exception as exc:  # msgspec, torch or vLLM's decoder: a broken result
                 raise SidecarError(SIDECAR_PROTOCOL, "the result's tensors are unreadable") from exc
             hashes[modality] = list(names)
         if sum(len(v) for v in kwargs.values()) != count:
             raise SidecarError(SIDECAR_PROTOCOL, "the result holds the wrong number of items")
-        engine_input = mm_input(
-            ids,
-            MultiModalKwargsItems(kwargs),
-            hashes,
-            placeholders,  # pyright: ignore[reportArgumentType]
-            prompt=text or None,
+        return self._engine_side.sidecar_input(
+            ids, kwargs, hashes, spans, text=text, arrival_time=started
         )
-        engine_input["arrival_time"] = started  # pyright: ignore[reportGeneralTypeIssues]
-        return engine_input
 
     @staticmethod
-    def _range(placeholder: Any, prompt_len: int, max_embeds: int | None) -> PlaceholderRange:
+    def _span(placeholder: Any, prompt_len: int, max_embeds: int | None) -> Span:
         offset, length = int(placeholder.offset), int(placeholder.length)
         mask = placeholder.is_embed
         if length <= 0 or offset < 0 or offset + length > prompt_len:
@@ -212,31 +149,7 @@ class RedisProcessor:
         embeds = sum(mask) if mask is not None else length
         if max_embeds is not None and embeds > max_embeds:
             raise SidecarError(SIDECAR_PROTOCOL, "a placeholder is longer than the model's items")
-        is_embed = torch.tensor(mask, dtype=torch.bool) if mask is not None else None
-        return PlaceholderRange(offset=offset, length=length, is_embed=is_embed)
+        return offset, length, None if mask is None else list(mask)
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-def result_fields(engine_input: Mapping[str, Any]) -> dict[str, Any]:
-    """The sidecar's half: vLLM's processed input -> the ``JobResult`` fields."""
-    placeholders: dict[str, list[Placeholder]] = {}
-    for modality, ranges in engine_input["mm_placeholders"].items():
-        placeholders[modality] = [
-            Placeholder(
-                offset=int(r.offset),
-                length=int(r.length),
-                is_embed=None if r.is_embed is None else [bool(x) for x in r.is_embed.tolist()],
-            )
-            for r in ranges
-        ]
-    return {
-        "prompt_token_ids": list(engine_input["prompt_token_ids"]),
-        "mm_hashes": {m: [str(h) for h in hs] for m, hs in engine_input["mm_hashes"].items()},
-        "mm_placeholders": placeholders,
-        "mm_kwargs": {
-            m: [encode_item(item) for item in items]
-            for m, items in engine_input["mm_kwargs"].items()
-        },
-    }

@@ -131,10 +131,12 @@ def register() -> None:
     guard the wire (:func:`guard_wire`)."""
     guard_wire()
     try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415 - vLLM calls us
+        from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM calls us: it is loaded
+
+        parser_class: Any = _engine.argument_parser()
     except ImportError:  # a vLLM without it has no gRPC launcher we serve
         return
-    current: Callable[..., Any] = FlexibleArgumentParser.parse_known_args  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    current: Callable[..., Any] = parser_class.parse_known_args
     if getattr(current, _MARK, False):
         return
-    FlexibleArgumentParser.parse_known_args = _wrap(current)  # type: ignore[method-assign]
+    parser_class.parse_known_args = _wrap(current)

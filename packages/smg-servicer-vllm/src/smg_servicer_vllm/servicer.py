@@ -55,11 +55,11 @@ from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_vllm import _engine, convert, info, kv_events, logs
-from smg_servicer_vllm._mm_engine import MultimodalPath
 from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
 from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
+from smg_servicer_vllm.multimodal import MediaPlan, MultimodalPath
 from smg_servicer_vllm.plugin import in_launcher_process, launcher_settings
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
@@ -203,52 +203,39 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
 
     # Generate ----------------------------------------------------------------------------------
 
-    async def _prompt(self, request: pb.GenerateRequest) -> Any:
+    def _prompt(self, request: pb.GenerateRequest) -> Any:
+        """The request's prompt, checked before anything else (client faults only): vLLM's text
+        or tokens prompt, or for a multimodal request its :class:`MediaPlan` (media fetched and
+        tensors read once the request is tracked). A refused request's unread shared-memory
+        tensors are freed."""
         try:
-            return await self._engine_prompt(request)
-        except InvalidRequest:
-            self.multimodal.release(request)  # a client fault: nobody reads its tensors now
-            raise
-
-    def _check_media(self, request: pb.GenerateRequest) -> None:
-        """A multimodal request's cheap checks, before it is tracked (client faults only)."""
-        try:
-            if request.WhichOneof("input") != "tokenized":
+            kind = request.WhichOneof("input")
+            media = request.HasField("media_refs") or has_tensors(request)
+            if kind == "tokenized":
+                ids = list(request.tokenized.input_ids)
+                mc = self.engine.model_config
+                validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
+                if media:
+                    return self.multimodal.plan(request, ids)
+                return _engine.tokens_prompt(ids, request.tokenized.original_text)
+            if media:
                 raise InvalidRequest(
                     "multimodal input needs tokenized input (with its placeholders)"
                 )
-            mc = self.engine.model_config
-            ids = list(request.tokenized.input_ids)
-            validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
-            self.multimodal.check(request)
+            if kind == "text" and request.text:
+                return request.text
+            raise InvalidRequest("the request has no input (tokenized or text)")
         except InvalidRequest:
             self.multimodal.release(request)
             raise
-
-    async def _engine_prompt(self, request: pb.GenerateRequest) -> Any:
-        kind = request.WhichOneof("input")
-        if kind == "tokenized":
-            ids = list(request.tokenized.input_ids)
-            mc = self.engine.model_config
-            validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
-            engine_input = await self.multimodal.engine_input(request, ids)
-            if engine_input is not None:
-                return engine_input
-            return _engine.tokens_prompt(ids, request.tokenized.original_text)
-        if kind == "text" and request.text:  # multimodal requests are tokenized (_check_media)
-            return request.text
-        raise InvalidRequest("the request has no input (tokenized or text)")
 
     @grpc_errors
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         # Media are fetched and tensors built while the request is tracked, so that an Abort or a
-        # cancel during that work stops it; a text prompt is checked before anything else.
-        media = request.HasField("media_refs") or has_tensors(request)
-        if media:
-            self._check_media(request)
-        prompt = None if media else await self._prompt(request)
+        # cancel during that work stops it; every check comes before anything else.
+        prompt = self._prompt(request)
         spec = to_sampling_spec(request.sampling_params)
         with translated(building_request=True):
             params = _engine.sampling_params(
@@ -256,8 +243,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             )
         choices: dict[int, _Choice] = {}
         async with self.registry.track(request.request_id) as handle:
-            if prompt is None:
-                prompt = await _unless_stopped(self._prompt(request), handle)
+            if isinstance(prompt, MediaPlan):
+                prompt = await _unless_stopped(self.multimodal.engine_input(prompt), handle)
             stream = self.engine.generate(
                 prompt,
                 params,

@@ -28,7 +28,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,13 +39,13 @@ from smg_servicer_mm_sidecar.protocol import (
     SCHEMA,
     Job,
     JobResult,
+    Placeholder,
     Timing,
     failure,
 )
 from smg_servicer_mm_sidecar.service import Sidecar
-from smg_servicer_vllm._mm_engine import InprocessProcessor
+from smg_servicer_vllm import _mm_engine
 from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable
-from smg_servicer_vllm.mm_redis import fingerprint_of, result_fields
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
 
@@ -53,6 +53,29 @@ from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
 logger = logging.getLogger("smg_servicer_mm_sidecar")
 PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
 REDIS_EXTRA = "'smg-servicer-vllm[redis]'"
+
+
+def result_fields(engine_input: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's processed input -> the ``JobResult`` fields (each item one vLLM msgpack blob)."""
+    placeholders: dict[str, list[Placeholder]] = {}
+    for modality, ranges in engine_input["mm_placeholders"].items():
+        placeholders[modality] = [
+            Placeholder(
+                offset=int(r.offset),
+                length=int(r.length),
+                is_embed=None if r.is_embed is None else [bool(x) for x in r.is_embed.tolist()],
+            )
+            for r in ranges
+        ]
+    return {
+        "prompt_token_ids": list(engine_input["prompt_token_ids"]),
+        "mm_hashes": {m: [str(h) for h in hs] for m, hs in engine_input["mm_hashes"].items()},
+        "mm_placeholders": placeholders,
+        "mm_kwargs": {
+            m: [_mm_engine.encode_item(item) for item in items]
+            for m, items in engine_input["mm_kwargs"].items()
+        },
+    }
 
 
 def process_code(cause: BaseException | None) -> str:
@@ -70,8 +93,8 @@ class VllmJobProcessor:
     def __init__(self, vllm_config: Any, renderer: Any, max_video_frames: int = 0) -> None:
         settings = MmSettings(processor="inprocess", max_video_frames=max_video_frames)
         engine = SimpleNamespace(model_config=vllm_config.model_config, renderer=renderer)
-        self.inner = InprocessProcessor(engine, settings)
-        self.fingerprint = fingerprint_of(vllm_config.model_config)
+        self.inner = _mm_engine.InprocessProcessor(engine, settings)
+        self.fingerprint = _mm_engine.fingerprint_of(vllm_config.model_config)
         self.schemes = self.inner.schemes
 
     async def process(self, job: Job) -> JobResult:
@@ -112,17 +135,16 @@ class VllmJobProcessor:
 
 
 def build_parser() -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+    def add_own(parser: Any) -> None:
+        group: Any = parser.add_argument_group("sidecar")
+        for setting in SETTINGS:
+            setting.add_to_parser(group)
 
-    parser = FlexibleArgumentParser(
-        prog=PROG,
-        description="The GPU-free multimodal sidecar of SMG vLLM workers (--mm-processor redis).",
+    return _mm_engine.sidecar_parser(
+        PROG,
+        "The GPU-free multimodal sidecar of SMG vLLM workers (--mm-processor redis).",
+        add_own,
     )
-    group: Any = parser.add_argument_group("sidecar")  # pyright: ignore[reportUnknownMemberType]
-    for setting in SETTINGS:
-        setting.add_to_parser(group)
-    return AsyncEngineArgs.add_cli_args(parser)
 
 
 async def serve(sidecar: Sidecar) -> None:
@@ -154,19 +176,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{PROG}: needs the Redis client: pip install {REDIS_EXTRA}", file=sys.stderr)
         raise SystemExit(2) from None
 
-    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.renderers.registry import (  # noqa: PLC0415
-        renderer_from_config,  # pyright: ignore[reportUnknownVariableType]
-    )
-
     logger.info("building vLLM's configuration and processor for %s", namespace.model)
-    engine_args = AsyncEngineArgs.from_cli_args(namespace)
-    engine_args.quantization = None  # the processor needs none; no weights are loaded
-    vllm_config = engine_args.create_engine_config()
-    if not getattr(vllm_config.model_config, "supports_multimodal_inputs", False):
+    vllm_config, renderer = _mm_engine.sidecar_renderer(namespace)
+    if renderer is None:
         print(f"{PROG}: {namespace.model} accepts no media; nothing to serve", file=sys.stderr)
         raise SystemExit(2)
-    renderer: Any = renderer_from_config(vllm_config)  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
     processor = VllmJobProcessor(vllm_config, renderer, resolved["mm_max_video_frames"])
     sidecar = Sidecar(
         redis,

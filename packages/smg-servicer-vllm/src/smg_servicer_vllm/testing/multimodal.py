@@ -45,7 +45,7 @@ async def reference(
     llm: Any, ids: list[int], images: list[bytes], max_tokens: int = MAX_TOKENS
 ) -> tuple[list[int], int]:
     """vLLM in-process, the same PIL images, no servicer: (greedy ids, prompt length)."""
-    from vllm import SamplingParams  # noqa: PLC0415
+    from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM only for the reference
 
     data = [pil(i) for i in images]
     prompt = {
@@ -55,7 +55,7 @@ async def reference(
     final: Any = None
     async for output in llm.generate(
         prompt,
-        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        _engine.greedy_params(max_tokens),
         f"ref-{time.monotonic_ns()}",
     ):
         final = output
