@@ -170,14 +170,16 @@ CHECKOUT_LOOKUPS = (
 
 
 def checkout_lookups(files: Iterable[tuple[str, bytes]], root: Path) -> list[str]:
-    """``name:line: text`` for every line of ``files`` (name, content) that looks the checkout up
-    (:data:`CHECKOUT_LOOKUPS`) or holds the checkout's absolute path ``root``."""
+    """``name:line: text`` for every line of ``files`` (name, content) that holds the checkout's
+    absolute path ``root``, or, in code (modules, stubs, ``.pth``), looks the checkout up
+    (:data:`CHECKOUT_LOOKUPS`; a README in the metadata may name the repository's folders)."""
     found: list[str] = []
     absolute = str(root.resolve())
     for name, content in files:
+        code = name.endswith((".py", ".pyi", ".pth"))
         text = content.decode(errors="replace")
         for number, line in enumerate(text.splitlines(), 1):
-            if absolute in line or any(p.search(line) for p in CHECKOUT_LOOKUPS):
+            if absolute in line or (code and any(p.search(line) for p in CHECKOUT_LOOKUPS)):
                 found.append(f"{name}:{number}: {line.strip()[:120]}")
     return found
 

@@ -44,6 +44,14 @@ def test_every_kind_of_checkout_lookup_is_named(tmp_path: Path) -> None:
     assert named == {*LOOKUPS, "absolute.py"}, found
 
 
+def test_prose_may_name_the_repository_but_not_its_absolute_path(tmp_path: Path) -> None:
+    readme = b"The router tests live in `tests-integration/` (the checkout's test kit, smg_it).\n"
+    files = [("pkg.dist-info/METADATA", readme)]
+    assert check_wheels.checkout_lookups(files, REPO) == []
+    leaked = [("pkg.dist-info/METADATA", f"Built in {REPO}/packages.\n".encode())]
+    assert len(check_wheels.checkout_lookups(leaked, REPO)) == 1
+
+
 def test_the_check_fails_on_such_a_wheel(tmp_path: Path) -> None:
     wheel(tmp_path, {"walk_up.py": LOOKUPS["walk_up.py"]})
     with pytest.raises(check_wheels.CheckFailed, match=r"walk_up\.py:1"):
