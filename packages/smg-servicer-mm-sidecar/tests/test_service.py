@@ -21,6 +21,10 @@ pytestmark = [pytest.mark.contract, pytest.mark.asyncio(loop_scope="module")]
 
 FP = p.Fingerprint("m", "0.32.0", "float32", "opencv", "{}", "{}", "image=2,video=*,audio=*")
 ITEMS = [p.JobItem("image", "data:image/png;base64,AAAA")]
+#: The client's deadline in these tests, and what "at once" means beside it: far apart, and far
+#: above a healthy answer (milliseconds), so a busy machine cannot blur the two.
+TIMEOUT_MS = 30_000
+AT_ONCE_S = 5.0
 
 
 class StandIn:
@@ -64,7 +68,7 @@ async def stack(redis_server: RedisServer) -> AsyncIterator[tuple[Sidecar, Sidec
     await control.flushall()
     processor = StandIn()
     sidecar = Sidecar(connect(redis_server.url), FP, processor, concurrency=2, poll_s=0.2)
-    client = SidecarClient(connect(redis_server.url), FP, timeout_ms=3000, max_queue=8)
+    client = SidecarClient(connect(redis_server.url), FP, timeout_ms=TIMEOUT_MS, max_queue=8)
     stop = asyncio.Event()
     running = asyncio.create_task(sidecar.run(stop))
     await asyncio.wait_for(sidecar.announced.wait(), 5)
@@ -167,7 +171,7 @@ async def test_a_result_redis_refuses_is_reported_at_once(stack) -> None:
         with pytest.raises(p.SidecarError) as info:
             await submit(client)
         assert info.value.code == p.RESULT_PUSH_FAILED and info.value.status == "UNAVAILABLE"
-        assert time.monotonic() - started < 2  # not the 3 s timeout
+        assert time.monotonic() - started < AT_ONCE_S  # not the deadline
         assert sidecar.counters.push_failed == 1
     finally:
         await control.config_set("proto-max-bulk-len", str(512 << 20))
@@ -196,7 +200,7 @@ async def test_redis_down_is_unavailable_at_once_and_both_sides_recover(
     with pytest.raises(p.SidecarError) as info:
         await client.submit("r", [1], None, ITEMS)
     assert info.value.code == p.SIDECAR_UNAVAILABLE
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < AT_ONCE_S
     assert await client.probe(max_age_s=0) is None
     redis_server.start()  # empty: the sidecar must write hello again, the loops pop again
     deadline = time.monotonic() + 15
@@ -210,7 +214,6 @@ async def test_redis_down_is_unavailable_at_once_and_both_sides_recover(
 async def test_redis_killed_mid_job_fails_the_job_at_once(stack, redis_server) -> None:
     sidecar, client, _ = stack
     sidecar.processor.hold = asyncio.Event()
-    client.timeout_ms = 10000
     task = asyncio.create_task(client.submit("r", [1], None, ITEMS))
     await sidecar.processor.entered.wait()
     started = time.monotonic()
@@ -218,7 +221,7 @@ async def test_redis_killed_mid_job_fails_the_job_at_once(stack, redis_server) -
     with pytest.raises(p.SidecarError) as info:
         await task
     assert info.value.code == p.SIDECAR_UNAVAILABLE
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < AT_ONCE_S
     sidecar.processor.hold.set()  # its push fails; the notice too; nothing is left hanging
     redis_server.start()
     with contextlib.suppress(Exception):
@@ -228,7 +231,6 @@ async def test_redis_killed_mid_job_fails_the_job_at_once(stack, redis_server) -
 async def test_a_cancelled_wait_takes_the_job_back(stack) -> None:
     sidecar, client, control = stack
     sidecar.processor.hold = asyncio.Event()  # the two loops hold a job each ...
-    client.timeout_ms = 10000
     tasks = [asyncio.create_task(client.submit(f"r{i}", [1], None, ITEMS)) for i in range(3)]
     # The state is in Redis (one job queued behind the two held): nothing to wait on but a read.
     while await control.llen(client.keys.jobs) < 1 or len(sidecar.processor.jobs) < 2:  # noqa: ASYNC110
@@ -237,7 +239,7 @@ async def test_a_cancelled_wait_takes_the_job_back(stack) -> None:
         task.cancel()
     started = time.monotonic()
     await asyncio.gather(*tasks, return_exceptions=True)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < AT_ONCE_S
     sidecar.processor.hold.set()
     await client.aclose()  # waits for the background cleanup
     assert await control.llen(client.keys.jobs) == 0
