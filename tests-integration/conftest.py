@@ -1,34 +1,22 @@
-"""One worker of each engine behind the real router, per module that asks for it."""
+"""``<engine>_router``: one worker of each engine behind the real router, per module that asks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from smg_it.harness import Router, Worker, deployment
+from smg_it.harness import WORKERS, Router, Worker, deployment
 
 
-@pytest.fixture(scope="module")
-def mlx_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    with deployment("mlx", tiny_model) as deployed:
-        yield deployed
+def _deployed(engine: str) -> Callable[..., Iterator[tuple[Worker, Router]]]:
+    @pytest.fixture(scope="module", name=f"{engine}_router")
+    def deployed(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
+        with deployment(engine, tiny_model) as pair:
+            yield pair
+
+    return deployed
 
 
-@pytest.fixture(scope="module")
-def vllm_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    with deployment("vllm", tiny_model) as deployed:
-        yield deployed
-
-
-@pytest.fixture(scope="module")
-def sglang_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    with deployment("sglang", tiny_model) as deployed:
-        yield deployed
-
-
-@pytest.fixture(scope="module")
-def tokenspeed_router(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-    with deployment("tokenspeed", tiny_model) as deployed:
-        yield deployed
+mlx_router, vllm_router, sglang_router, tokenspeed_router = map(_deployed, WORKERS)
