@@ -11,6 +11,14 @@
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:
 # `bash tools/test.sh --list-envs` prints its jobs as JSON for .github/workflows/ci.yml).
 # Extra arguments go to every pytest run (for example -x or -k). Exit non-zero if any fails.
+#
+#   bash tools/test.sh --fast   the developer tier: unit and contract tests only (fakes: no
+#                               engine, no router), in every environment (a few minutes)
+#
+# The first environment (the workspace, the longest) runs in the foreground; the others run
+# beside it, one after another, their output kept in .cache/test-logs/<env>.log and printed when
+# the foreground run ends (a workspace run keeps about one of two cores busy). Each run's time is
+# printed last. SMG_TEST_SERIAL=1 runs them one after another in the foreground instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t envs < <(awk '$1 == "env"' tools/envs/list)
@@ -36,19 +44,62 @@ if [[ "${1:-}" == "--list-envs" ]]; then
          }' tools/envs/list
     exit 0
 fi
+fast=()
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    fast=(-m "unit or contract")
+fi
+args=("$@")
 for line in "${envs[@]}"; do
     read -r _ _ install _ <<<"$line"
     [[ "$install" == - ]] || bash "$install" || exit 1
 done
-status=0
-for line in "${envs[@]}"; do
-    read -r _ name _ command <<<"$line"
-    paths=()
-    for job in "${jobs[@]}"; do
-        read -r _ _ env _ job_paths <<<"$job"
-        [[ "$env" == "$name" ]] && read -ra more <<<"$job_paths" && paths+=("${more[@]}")
+logs=.cache/test-logs
+mkdir -p "$logs"
+rm -f "$logs"/*.log "$logs/times"
+
+# run_env NAME: that environment's test run over its jobs' paths; its time goes to $logs/times.
+run_env() {
+    local name=$1 started=$SECONDS code=0 command="" paths=() line job_env job_paths more
+    local env_name env_command
+    for line in "${envs[@]}"; do
+        read -r _ env_name _ env_command <<<"$line"
+        [[ "$env_name" == "$name" ]] && command=$env_command
+    done
+    for line in "${jobs[@]}"; do
+        read -r _ _ job_env _ job_paths <<<"$line"
+        [[ "$job_env" == "$name" ]] && read -ra more <<<"$job_paths" && paths+=("${more[@]}")
     done
     # shellcheck disable=SC2086  # the command is words: a runner, its flags, maybe env VAR=...
-    $command "${paths[@]}" "$@" || status=$?
+    $command "${paths[@]}" "${fast[@]}" "${args[@]}" || code=$?
+    # --fast: an environment with no unit or contract test selected (pytest's 5) is not a failure.
+    [[ ${#fast[@]} -gt 0 && $code -eq 5 ]] && code=0
+    printf '%-12s %5ss  exit %s\n' "$name" "$(( SECONDS - started ))" "$code" >>"$logs/times"
+    return "$code"
+}
+
+names=()
+for line in "${envs[@]}"; do
+    read -r _ name _ <<<"$line"
+    names+=("$name")
 done
+status=0
+if [[ "${SMG_TEST_SERIAL:-}" == 1 ]]; then
+    for name in "${names[@]}"; do run_env "$name" || status=1; done
+else
+    (   # every environment after the first, in order, beside it
+        code=0
+        for name in "${names[@]:1}"; do run_env "$name" >"$logs/$name.log" 2>&1 || code=1; done
+        exit "$code"
+    ) &
+    beside=$!
+    run_env "${names[0]}" || status=1
+    wait "$beside" || status=1
+    for name in "${names[@]:1}"; do
+        printf '\n===== %s (run beside the %s run; %s)\n' "$name" "${names[0]}" "$logs/$name.log"
+        cat "$logs/$name.log"
+    done
+fi
+printf '\n%-12s %6s\n' "environment" "time"
+cat "$logs/times"
 exit "$status"
