@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("mlx", "vllm", "sglang", "tokenspeed")
-DEFAULT = Path(__file__).resolve().parents[1] / ".cache" / "reliability" / "figures.json"
+#: Run from the checkout's root, as every documented command is.
+DEFAULT = Path.cwd() / ".cache" / "reliability" / "figures.json"
 BAD_CODES = ("INTERNAL", "UNKNOWN", "UNAVAILABLE")
 CLIENT_FAULT = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION")
 

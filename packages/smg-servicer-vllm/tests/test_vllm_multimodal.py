@@ -405,13 +405,23 @@ def _broken_tensors(
     }
 
 
-async def test_a_refused_request_frees_its_shared_memory(vlm, vlm_llm, ids) -> None:
-    """Refused as the client's fault before any tensor was read: the segments go anyway."""
+def _no_placeholders(request: Any) -> None:
+    request.mm_inputs.ClearField("mm_placeholders")
+
+
+def _bad_sampling(request: Any) -> None:
+    request.sampling_params.top_p = 2.0  # refused after the media checks passed
+
+
+@pytest.mark.parametrize("refuse", [_no_placeholders, _bad_sampling], ids=["media", "sampling"])
+async def test_a_refused_request_frees_its_shared_memory(vlm, vlm_llm, ids, refuse) -> None:
+    """Refused as the client's fault before any tensor was read (by the media checks, or by a
+    check after them): the segments go anyway."""
     _, stub = vlm
     engine_input = await processed(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
     segments: list[Any] = []
     request = tensor_request(engine_input, ids["<image>"], shm=segments)
-    request.mm_inputs.ClearField("mm_placeholders")
+    refuse(request)
     error = await refused(stub, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert segments and not any(still_there(s.name) for s in segments)

@@ -236,11 +236,15 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         # Media are fetched and tensors built while the request is tracked, so that an Abort or a
         # cancel during that work stops it; every check comes before anything else.
         prompt = self._prompt(request)
-        spec = to_sampling_spec(request.sampling_params)
-        with translated(building_request=True):
-            params = _engine.sampling_params(
-                spec, stream=request.stream, kv_transfer=kv_transfer_params(request)
-            )
+        try:
+            spec = to_sampling_spec(request.sampling_params)
+            with translated(building_request=True):
+                params = _engine.sampling_params(
+                    spec, stream=request.stream, kv_transfer=kv_transfer_params(request)
+                )
+        except InvalidRequest:
+            self.multimodal.release(request)  # refused: nobody reads its tensors now
+            raise
         choices: dict[int, _Choice] = {}
         async with self.registry.track(request.request_id) as handle:
             if isinstance(prompt, MediaPlan):
