@@ -72,7 +72,9 @@ def _storm(f: Figures) -> str | None:
         return None
     return (
         f"{f['storm_requests']} requests / {f['storm_leaked']} leaked, "
-        f"{f['storm_bad_endings']} bad endings, RSS x{f['storm_rss_ratio']}, "
+        f"{f['storm_bad_endings']} bad endings, RSS x{f['storm_rss_ratio']}"
+        + (f" then x{f['storm_rss_again_ratio']}" if "storm_rss_again_ratio" in f else "")
+        + ", "
         f"{f['storm_tracebacks']} tracebacks"
     )
 

@@ -1,7 +1,11 @@
 """A cancel storm on the real engines: 1,000 requests (``SMG_STORM_REQUESTS``), 32 at a time, each
 ended at a random point by the Abort RPC, a client cancel or a deadline. Afterwards the servicer
-tracks 0 requests, the engine holds 0, ``active_requests`` is 0, the worker's RSS (its whole
-process tree) is within 10 % of before, and its log has no traceback."""
+tracks 0 requests, the engine holds 0, ``active_requests`` is 0, and its log has no traceback.
+
+Memory: a leak grows with every request, a cache fills once. So the storm runs twice: after the
+first the worker's RSS (its whole process tree) may have grown by :data:`FILL_BOUND` (allocator
+arenas, MLX's buffer cache, gRPC's pools fill with the storm's batch shapes: 5-12 % measured), and
+the second storm, as many requests again, may add at most :data:`LEAK_BOUND` of it."""
 
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ ENDINGS = frozenset({"OK", "CANCELLED", "ABORTED", "DEADLINE_EXCEEDED"})
 #: After an Abort the stream must end within this (an Abort that raced ahead of the request is
 #: a no-op, and that request is then cancelled by the client instead).
 ABORT_END_S = 10.0
+#: RSS growth allowed over the first storm (caches filling), and over the second (a plateau).
+FILL_BOUND = 0.25
+LEAK_BOUND = 0.05
 
 
 async def one(target: Target, stub: Any, index: int, rng: random.Random) -> tuple[str, str]:
@@ -88,6 +95,9 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     storm_s = time.monotonic() - started
     servicer, engine, active = shared.wait_idle()
     rss_after = shared.tree_rss()
+    outcomes += await storm(shared, REQUESTS, SEED + 2)
+    left_again = shared.wait_idle()
+    rss_again = shared.tree_rss()
     tracebacks = shared.tracebacks()
     bad = {k: v for k, v in outcomes.items() if k[1] not in ENDINGS}
     record(
@@ -96,6 +106,7 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
         storm_leaked=int(servicer + engine + active),
         storm_bad_endings=sum(bad.values()),
         storm_rss_ratio=round(rss_after / rss_before, 3),
+        storm_rss_again_ratio=round(rss_again / rss_after, 3),
         storm_s=round(storm_s, 1),
         storm_tracebacks=len(tracebacks),
         storm_endings={f"{how}:{code}": n for (how, code), n in sorted(outcomes.items())},
@@ -104,7 +115,13 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     assert (servicer, engine, active) == (0, 0, 0), (
         f"left after the storm: servicer {servicer}, engine {engine}, active_requests {active}"
     )
-    assert rss_after <= rss_before * 1.10, f"RSS {rss_before >> 20} -> {rss_after >> 20} MiB"
+    assert left_again == (0, 0, 0), f"left after the second storm: {left_again}"
+    assert rss_after <= rss_before * (1 + FILL_BOUND), (
+        f"RSS {rss_before >> 20} -> {rss_after >> 20} MiB"
+    )
+    assert rss_again <= rss_after * (1 + LEAK_BOUND), (
+        f"RSS grew again over the second storm: {rss_after >> 20} -> {rss_again >> 20} MiB"
+    )
     assert not tracebacks, tracebacks[0]
     with grpc.insecure_channel(shared.address) as channel:
         assert shared.generate_reference(shared.stub(channel)) == shared.reference

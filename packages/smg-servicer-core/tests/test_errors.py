@@ -175,3 +175,34 @@ async def test_a_huge_request_id_is_cut_in_the_message_and_the_log(raising, capl
             pass
     assert len(info.value.details() or "") < 300
     assert all(len(r.getMessage()) < 400 for r in caplog.records)
+
+
+@pytest.mark.unit
+def test_grpc_s_traceback_for_a_client_gone_mid_send_is_one_debug_line(caplog) -> None:
+    """grpc.aio logs ``ExecuteBatchError`` with a traceback at ERROR when a stream's status or
+    message cannot be sent because its client went away (a cancel racing the stream's end): the
+    servicer's filter turns it into one DEBUG line; grpc's other records pass untouched."""
+    errors.quiet_gone_clients()
+    errors.quiet_gone_clients()  # idempotent
+    grpc_logger = logging.getLogger("grpc._cython.cygrpc")
+    assert len([f for f in grpc_logger.filters if type(f).__name__ == "_ClientGone"]) == 1
+    caplog.set_level(logging.DEBUG)
+    try:
+        raise RuntimeError('Failed "execute_batch": (SendStatusFromServerOperation,)')
+    except RuntimeError:
+        grpc_logger.exception(
+            "ExecuteBatchError raised in core by servicer method [%s]", "/x.Engine/Generate"
+        )
+        grpc_logger.exception("Unexpected [%s] raised by servicer method [%s]", "E", "/x/Y")
+    records = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert (
+        "smg_servicer_core.errors",
+        logging.DEBUG,
+        "the client of /x.Engine/Generate went away before its stream's end could be sent",
+    ) in records
+    assert not [r for r in records if "ExecuteBatchError" in r[2]]
+    assert (
+        "grpc._cython.cygrpc",
+        logging.ERROR,
+        "Unexpected [E] raised by servicer method [/x/Y]",
+    ) in records

@@ -290,3 +290,33 @@ def _unary_wrapper(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
                 call.done(code)
 
     return unary_wrapper
+
+
+#: What grpc.aio logs, with a traceback at ERROR, when the core cannot send a stream's next
+#: message or its status (``ExecuteBatchError``): the client went away between the handler's last
+#: step and the send (a cancel racing the stream's end, a closed connection).
+_BATCH_FAILED = "ExecuteBatchError raised in core by servicer method"
+
+
+class _ClientGone(logging.Filter):
+    """Turns grpc.aio's ``ExecuteBatchError`` traceback into one DEBUG line of ours: the call is
+    already dead in the core, nothing more can reach that client, and the servicer did nothing
+    wrong (its handler ended or was cancelled as usual). Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith(_BATCH_FAILED):
+            return True
+        method = text.removeprefix(_BATCH_FAILED).strip(" []") or "?"
+        logger.debug("the client of %s went away before its stream's end could be sent", method)
+        return False
+
+
+_CLIENT_GONE = _ClientGone()
+
+
+def quiet_gone_clients() -> None:
+    """Install :class:`_ClientGone` on grpc.aio's server logger (idempotent)."""
+    grpc_logger = logging.getLogger("grpc._cython.cygrpc")
+    if _CLIENT_GONE not in grpc_logger.filters:
+        grpc_logger.addFilter(_CLIENT_GONE)

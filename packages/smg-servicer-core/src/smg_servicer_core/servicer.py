@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import grpc.aio
 
-from smg_servicer_core.errors import grpc_errors
+from smg_servicer_core.errors import grpc_errors, quiet_gone_clients
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import LoadsSource, ServicerMetrics
@@ -58,6 +58,7 @@ class EngineServicer(ABC):
     def __init__(
         self, *, health: HealthFrame | None = None, metrics: ServicerMetrics | None = None
     ) -> None:
+        quiet_gone_clients()  # grpc.aio's traceback for a client gone mid-send: one DEBUG line
         self.health = health if health is not None else HealthFrame(self.service_name())
         if self.health.probe is None:
             self.health.probe = self.probe
