@@ -111,3 +111,10 @@ def test_the_facade_has_one_extra_per_engine_with_its_engine() -> None:
         assert engine in req.extras, f"[{engine}] installs {req} without its engine"
     redis = {Requirement(r).name: Requirement(r).extras for r in extras["vllm-redis"]}
     assert redis == {"smg-servicer-vllm": {"redis"}, "smg-servicer-mm-sidecar": {"redis"}}
+
+
+def test_the_readme_package_table_states_each_current_version() -> None:
+    """The README's table of distributions says each package's version as its pyproject does."""
+    row = re.compile(r"^\| `(smg-[a-z-]+)` \| `smg_[a-z_]+` \|.*\| ([0-9][0-9a-z.]*) \|$", re.M)
+    stated = dict(row.findall((REPO / "README.md").read_text()))
+    assert stated == {name: project["version"] for name, project in PROJECTS.items()}
