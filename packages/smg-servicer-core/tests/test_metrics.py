@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -38,14 +37,8 @@ from smg_servicer_core.testing.metrics import (
     scrape,
     value,
 )
-from smg_servicer_core.testing.process import fake_server_command, spawn_with_port_file
+from smg_servicer_core.testing.process import fake_server_command, free_port, spawn_with_port_file
 from smg_servicer_core.testing.requests import mlx_generate
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.unit
@@ -181,7 +174,7 @@ async def test_client_cancel_and_drain_refusals_are_counted() -> None:
 
 @pytest.mark.contract
 def test_fake_server_process_serves_metrics_only_with_the_flag(tmp_path: Path) -> None:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     port_file = tmp_path / "port"
     cmd = fake_server_command(port_file, "--metrics-port", str(metrics_port))
     proc, grpc_port = spawn_with_port_file(cmd, port_file)

@@ -114,17 +114,36 @@ def spawn_until_line(
     return proc
 
 
+#: The ports :func:`free_port` handed out in this process (never handed out twice).
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(below: int = 55536) -> int:
-    """A free loopback port in [20000, ``below``) (SGLang derives a port at +10000, so its
-    workers stay below 55536)."""
+    """A free loopback port in [20000, ``below``) and under the kernel's ephemeral range, never
+    handed out twice by this process. Under the ephemeral range: between this check and the
+    worker's bind, any outgoing connection on the machine (an engine's own TCP store, an HTTP
+    client) may take a port in that range (a gate run lost an SGLang worker to it). SGLang
+    derives a port at +10000, so its workers stay below 55536."""
+    top = min(below, _ephemeral_low())
     for _ in range(200):
-        port = 20000 + int.from_bytes(os.urandom(2), "big") % (below - 20000)
+        port = 20000 + int.from_bytes(os.urandom(2), "big") % (top - 20000)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free port")
 
 
