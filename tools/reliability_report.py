@@ -99,7 +99,7 @@ def _slow(f: Figures) -> str | None:
     return (
         f"throughput {ratio('slow_throughput_ratio')}, ITL p99 {ratio('slow_itl_p99_ratio')} "
         f"({f['slow_base_itl_p99_ms']} → {f['slow_itl_p99_ms']} ms), "
-        f"RSS +{f['slow_rss_growth_mb']} MiB, {rounds} round{'s' * (rounds != 1)}{control}"
+        f"RSS {f['slow_rss_growth_mb']:+} MiB, {rounds} round{'s' * (rounds != 1)}{control}"
     )
 
 
