@@ -22,6 +22,9 @@ export SMG_RELIABILITY_FIGURES="${SMG_RELIABILITY_FIGURES:-$PWD/.cache/reliabili
 rm -f "$SMG_RELIABILITY_FIGURES"
 status=0
 uv run --no-sync pytest -m reliability tests-integration/reliability "$@" || status=$?
+# SGLang's KV events under faults are recorded by its own suite, in its environment.
+SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/python -m pytest \
+    packages/smg-servicer-sglang/tests/test_contract.py -k kv_events_under_faults "$@" || status=$?
 uv run --no-sync python tools/reliability_report.py "$SMG_RELIABILITY_FIGURES" --check --bench \
     || status=$?
 exit "$status"
