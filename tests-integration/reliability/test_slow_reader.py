@@ -37,6 +37,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from smg_bench import spread as ratio_spread
 from smg_it.reliability import Target, record
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -187,12 +188,11 @@ def figures(rounds: list[Round]) -> dict[str, object]:
     """The timing figures (median over the rounds, with their range): the benchmark's
     ``tools/reliability_report.py --check --bench`` holds them to their bounds."""
 
-    def spread(name: str, values: list[float], digits: int = 3) -> dict[str, float]:
-        return {
-            name: round(statistics.median(values), digits),
-            f"{name}_min": round(min(values), digits),
-            f"{name}_max": round(max(values), digits),
-        }
+    def spread(name: str, values: list[float]) -> dict[str, float]:
+        """The benchmarks' one ratio rule (``smg_bench.spread``), keyed by the figure's name."""
+        stated = ratio_spread(values, name)
+        return {name: stated[name], f"{name}_min": stated["ratio_min"],
+                f"{name}_max": stated["ratio_max"]}  # fmt: skip
 
     controls = [r.vs_control for r in rounds if r.vs_control is not None]
     versus = (
