@@ -9,6 +9,8 @@
 | ``--log-level`` | ``SMG_SERVICER_LOG_LEVEL`` | ``info`` | debug, info, warning, error |
 | ``--metrics-port`` | ``SMG_<ENGINE>_SERVICER_METRICS_PORT`` | off | ``/metrics`` port (0: free) |
 | ``--metrics-host`` | ``SMG_<ENGINE>_SERVICER_METRICS_HOST`` | ``0.0.0.0`` | ``/metrics`` address |
+| ``--shutdown-margin`` | ``SMG_SERVICER_SHUTDOWN_MARGIN_S`` | ``15`` | stop deadline - grace (s) |
+| ``--ssl-*`` | ``SMG_SERVICER_SSL_*`` | off | TLS, mutual TLS (:mod:`smg_servicer_core.tls`) |
 
 ``<ENGINE>`` is the launcher's engine (``MLX``, ``VLLM``, ``SGLANG``, ``TOKENSPEED``). A metrics
 port equal to the gRPC port is a configuration error (exit 2).
@@ -34,6 +36,8 @@ from smg_servicer_core.server import (
     serve,
 )
 from smg_servicer_core.servicer import EngineServicer
+from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
+from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +86,8 @@ SERVER_SETTINGS: tuple[Setting[Any], ...] = (
         env="SMG_SERVICER_LOG_LEVEL",
         validate=_log_level,
     ),
+    SHUTDOWN_MARGIN,
+    *TLS_SETTINGS,
 )
 
 
@@ -153,12 +159,17 @@ def start_metrics(resolved: ResolvedSettings) -> tuple[ServicerMetrics, MetricsS
     return metrics, MetricsServer(metrics, resolved["metrics_host"], resolved["metrics_port"])
 
 
-def server_options(resolved: ResolvedSettings) -> ServerOptions:
+def server_options(resolved: ResolvedSettings, tls: ServerTls | None = None) -> ServerOptions:
+    """The options of a launcher that owns every server flag; ``tls`` as
+    :func:`~smg_servicer_core.tls.load_server_tls` gave it (read the files before the engine
+    starts, so a bad one exits 2 at once)."""
     return ServerOptions(
         host=resolved["host"],
         port=resolved["port"],
         grace_period_s=resolved["grace_period_s"],
         max_message_bytes=resolved["max_message_mb"] * MiB,
+        tls=tls if tls is not None else load_server_tls(resolved),
+        shutdown_margin_s=resolved["shutdown_margin_s"],
     )
 
 

@@ -41,6 +41,8 @@ class Setting(Generic[T]):
     #: The environment variable still works but is on its way out: using it logs a line.
     env_deprecated: bool = False
     validate: Callable[[T], str | None] | None = None
+    #: A password or token: :meth:`ResolvedSettings.describe` shows it as ``***``.
+    secret: bool = False
 
     def add_to_parser(self, parser: argparse.ArgumentParser | Any) -> None:
         if self.flag is None:
@@ -59,6 +61,10 @@ class Setting(Generic[T]):
 class Resolved(Generic[T]):
     value: T
     source: Source
+    secret: bool = False
+
+    def shown(self) -> str:
+        return "***" if self.secret and self.value else repr(self.value)
 
 
 @dataclass(frozen=True)
@@ -75,15 +81,16 @@ class ResolvedSettings:
         return iter(self.values)
 
     def describe(self) -> str:
-        """One loggable line: ``name=value (source)`` for every setting."""
-        return ", ".join(f"{n}={r.value!r} ({r.source})" for n, r in self.values.items())
+        """One loggable line: ``name=value (source)`` for every setting, secrets as ``***``."""
+        return ", ".join(f"{n}={r.shown()} ({r.source})" for n, r in self.values.items())
 
 
 def _parse_one(setting: Setting[Any], raw: str, where: str) -> Any:
     try:
         value = setting.parse(raw)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: invalid value {raw!r}: {exc}") from exc
+        shown = "***" if setting.secret else repr(raw)
+        raise ConfigError(f"{where}: invalid value {shown}: {exc}") from exc
     return value
 
 
@@ -118,8 +125,9 @@ def resolve(
         if setting.validate is not None:
             problem = setting.validate(value)
             if problem:
-                raise ConfigError(f"{where}: {problem} (got {value!r})")
-        values[setting.name] = Resolved(value=value, source=source)
+                shown = "***" if setting.secret else repr(value)
+                raise ConfigError(f"{where}: {problem} (got {shown})")
+        values[setting.name] = Resolved(value=value, source=source, secret=setting.secret)
     return ResolvedSettings(values)
 
 

@@ -7,6 +7,9 @@ The tree::
     ├── NotFound                   NOT_FOUND           unknown adapter, unknown LoRA, ...
     ├── AlreadyExists              ALREADY_EXISTS      a request id that is already in flight
     ├── FailedPrecondition         FAILED_PRECONDITION server not configured for this call
+    │   └── ConstraintFailed       FAILED_PRECONDITION the engine could not continue under the
+    │                                                  request's grammar/schema (its own word);
+    │                                                  trailer ``smg-constraint-failed: engine``
     ├── OutOfRange                 OUT_OF_RANGE        a cursor the server cannot resume
     ├── Unsupported                UNIMPLEMENTED       a feature this engine does not have
     ├── Overloaded                 RESOURCE_EXHAUSTED  admission queue full (the router retries)
@@ -21,6 +24,9 @@ The router retries UNKNOWN, UNAVAILABLE, RESOURCE_EXHAUSTED, DATA_LOSS, CANCELLE
 DEADLINE_EXCEEDED, and opens its circuit breaker on repeated INTERNAL. So client mistakes must be
 INVALID_ARGUMENT (never INTERNAL) and no exception may escape a handler (grpc.aio would report it as
 UNKNOWN, which is retried five times).
+
+An error's ``trailers`` (empty for all but :class:`ConstraintFailed`) go out as the call's
+trailing metadata with its status (``set_trailing_metadata`` before ``abort``).
 
 Anything that is not a :class:`ServicerError` is unexpected: the client gets INTERNAL with a short
 generic message naming the request id, and the traceback goes to the log only.
@@ -53,6 +59,8 @@ class ServicerError(Exception):
     code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
     #: Client-fault errors log at INFO without a traceback; server faults at ERROR.
     client_fault: ClassVar[bool] = False
+    #: Trailing metadata sent with the status (key, value pairs).
+    trailers: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -77,6 +85,23 @@ class AlreadyExists(ServicerError):
 class FailedPrecondition(ServicerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     client_fault = True
+
+
+#: The trailer that marks a constraint failure the engine itself attributed (spec §3.12).
+CONSTRAINT_FAILED_TRAILER = ("smg-constraint-failed", "engine")
+
+
+class ConstraintFailed(FailedPrecondition):
+    """The engine could not continue a request under its constraint (a grammar, regex or JSON
+    schema) and said so itself: raised only on the engine's own attribution (SGLang: a finish the
+    scheduler hook stamped ``GrammarRejectedToken``), never guessed from an error's text. The
+    router answers FAILED_PRECONDITION with 400."""
+
+    PREFIX: ClassVar[str] = "the engine could not continue the request under its constraint: "
+    trailers = (CONSTRAINT_FAILED_TRAILER,)
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(self.PREFIX + detail)
 
 
 class OutOfRange(ServicerError):
@@ -143,6 +168,8 @@ def from_http_status(status: object, message: str) -> ServicerError:
 
 
 class _AbortContext(Protocol):
+    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
+
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn: ...
 
 
@@ -160,7 +187,8 @@ def status_for(exc: BaseException, request_id: str = "") -> tuple[grpc.StatusCod
 async def abort_from(
     context: _AbortContext, exc: BaseException, *, rpc: str, request_id: str = ""
 ) -> NoReturn:
-    """Log ``exc`` appropriately and abort the call with its status. Never returns."""
+    """Log ``exc`` appropriately and abort the call with its status (and its ``trailers``, if
+    any). Never returns."""
     code, detail = status_for(exc, request_id)
     if isinstance(exc, ServicerError):
         level = logging.INFO if exc.client_fault else logging.ERROR
@@ -173,6 +201,8 @@ async def abort_from(
             type(exc).__name__,
             exc_info=exc,
         )
+    if isinstance(exc, ServicerError) and exc.trailers:
+        context.set_trailing_metadata(exc.trailers)
     await context.abort(code, detail)
 
 

@@ -7,7 +7,12 @@ Lifecycle (exit codes in brackets)::
                                                in-flight calls drain up to the grace period,
                                                engine.shutdown()                          [0]
          -> the engine dies                 -> NOT_SERVING, calls cut, engine.shutdown()  [1]
+         -> stopping outlasts grace + ``shutdown_margin_s`` -> engine processes killed    [1]
     a bad configuration or a port that cannot be bound raises ConfigError                [2]
+
+With ``ServerOptions.tls`` the port speaks TLS only (:mod:`smg_servicer_core.tls`); with
+``shutdown_margin_s`` set, stopping is bounded (:mod:`smg_servicer_core.shutdown`; launchers set
+it, in-process test servers leave it off).
 
 New calls during the drain are refused by :class:`DrainGate` with UNAVAILABLE (the router retries
 that code on another worker), while ``grpc.health.v1`` and reflection keep answering so probes see
@@ -33,10 +38,12 @@ from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.gcheap import freeze_startup_heap
 from smg_servicer_core.health import HEALTH_SERVICE_NAME, HealthFrame
+from smg_servicer_core.shutdown import ShutdownDeadline
 from smg_servicer_core.wire_guard import tolerant_add
 
 if TYPE_CHECKING:
     from smg_servicer_core.metrics import MetricsServer
+    from smg_servicer_core.tls import ServerTls
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +132,11 @@ class ServerOptions:
     port: int = 50051
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: Serve TLS (mutual TLS with a client CA) instead of plain text.
+    tls: ServerTls | None = None
+    #: Stopping may take the grace period plus this long; then the engine's processes are
+    #: killed and the process exits 1. None: unbounded (servers run inside a test process).
+    shutdown_margin_s: float | None = None
 
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
@@ -201,7 +213,12 @@ class Server:
             (*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
         try:
-            self.port = self._server.add_insecure_port(options.address())
+            if options.tls is None:
+                self.port = self._server.add_insecure_port(options.address())
+            else:
+                self.port = self._server.add_secure_port(
+                    options.address(), options.tls.credentials()
+                )
         except RuntimeError as exc:
             raise ConfigError(f"cannot bind {options.address()}: {exc}") from exc
         if self.port == 0:
@@ -315,10 +332,16 @@ async def _serve(
     in_flight: Callable[[], int] | None,
 ) -> int:
     await server.start()
-    logger.info("listening on %s (port %d)", options.address(), server.port)
+    security = options.tls.describe() if options.tls is not None else "plain text"
+    logger.info("listening on %s (port %d, %s)", options.address(), server.port, security)
     if on_started is not None:
         on_started(server.port)
     code = ExitCode.OK
+    deadline = (
+        ShutdownDeadline(options.grace_period_s, options.shutdown_margin_s)
+        if options.shutdown_margin_s is not None
+        else None
+    )
     with _signals_set(stop, handle_signals):
         try:
             which, result = await _first(engine.wait_ready(), stop.wait(), engine.wait_dead())
@@ -334,10 +357,16 @@ async def _serve(
         if which == 2:
             logger.error("engine died: %s", result)
             code = ExitCode.ENGINE_DIED
+            if deadline is not None:
+                deadline.arm(grace_s=0.0)
             await server.drain(0)
         else:
             logger.info("stopping: draining for up to %.1fs", options.grace_period_s)
+            if deadline is not None:
+                deadline.arm()
             await server.drain(options.grace_period_s, in_flight)
         await engine.shutdown()
+        if deadline is not None:
+            deadline.disarm()
     logger.info("stopped (exit %d)", code)
     return int(code)

@@ -3,13 +3,19 @@
 Used by the lifecycle tests (real signals, real exit codes) and by ``tools/bench``. Takes the
 shared server flags (metrics: ``--metrics-port`` / ``SMG_FAKE_SERVICER_METRICS_PORT``) plus
 fake-engine knobs; ``--port-file`` receives the bound port once the
-server listens (useful with ``--port 0``).
+server listens (useful with ``--port 0``). ``--engine-process`` starts a child process standing in
+for an engine's worker (its PID is logged; the engine's shutdown stops it), so the bounded
+shutdown has a process to kill when ``--shutdown-delay-s`` outlasts the deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import subprocess
+import sys
+from collections.abc import Generator
 from pathlib import Path
 
 from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
@@ -34,11 +40,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-delay-s", type=float, default=0.0)
     parser.add_argument("--shutdown-delay-s", type=float, default=0.0)
     parser.add_argument("--port-file", type=Path, default=None)
+    parser.add_argument("--engine-process", action="store_true")
     return parser
+
+
+@contextlib.contextmanager
+def _engine_process(wanted: bool) -> Generator[None]:
+    if not wanted:
+        yield
+        return
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    logger.info("engine process %d started", child.pid)
+    try:
+        yield
+    finally:
+        child.terminate()
+        child.wait(10)
 
 
 async def _main(args: argparse.Namespace) -> int:
     resolved = resolve_server(args, environment(), "fake")
+    options = server_options(resolved)  # reads the TLS files: a bad one is exit 2, one line
     configure_logging(resolved["log_level"])
     logger.info("settings: %s", resolved.describe())
     engine = FakeEngine(
@@ -65,15 +87,16 @@ async def _main(args: argparse.Namespace) -> int:
             tmp.write_text(str(port))
             tmp.replace(args.port_file)
 
-    return await serve(
-        [servicer.binding()],
-        health,
-        engine,
-        server_options(resolved),
-        on_started=announce,
-        in_flight=lambda: len(servicer.registry),
-        metrics_server=metrics[1] if metrics else None,
-    )
+    with _engine_process(args.engine_process):
+        return await serve(
+            [servicer.binding()],
+            health,
+            engine,
+            options,
+            on_started=announce,
+            in_flight=lambda: len(servicer.registry),
+            metrics_server=metrics[1] if metrics else None,
+        )
 
 
 def main() -> None:
