@@ -14,7 +14,9 @@ facade's ``python -m smg_grpc_servicer.mlx``).
 is set; ``GetTokenizer`` bundles the same snapshot.
 
 plus core's server flags (``--host``, ``--port``, ``--grace-period``, ``--max-message-mb``,
-``--log-level``) and metrics flags (``--metrics-port`` / ``SMG_MLX_SERVICER_METRICS_PORT``,
+``--log-level``, ``--shutdown-margin``, TLS: ``--ssl-certfile``, ``--ssl-keyfile``,
+``--ssl-ca-certs``, ``--ssl-keyfile-password``, see ``smg_servicer_core.tls``) and metrics
+flags (``--metrics-port`` / ``SMG_MLX_SERVICER_METRICS_PORT``,
 ``--metrics-host`` / ``SMG_MLX_SERVICER_METRICS_HOST``; off by default).
 """
 
@@ -118,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _main(args: argparse.Namespace) -> int:
     server = resolve_server(args, environment(), "mlx")
+    options = server_options(server)  # reads the TLS files: a bad one is exit 2, one line
     configure_logging(server["log_level"])
     mlx = resolve(MLX_SETTINGS, args, environment())
     logger.info("settings: %s; %s", server.describe(), mlx.describe())
@@ -144,7 +147,7 @@ async def _main(args: argparse.Namespace) -> int:
         [servicer.binding()],
         health,
         engine,
-        server_options(server),
+        options,
         in_flight=lambda: len(servicer.registry),
         metrics_server=metrics[1] if metrics else None,
     )

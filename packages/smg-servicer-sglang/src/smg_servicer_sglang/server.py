@@ -13,11 +13,16 @@ The servicer process takes the tokenizer manager's role:
    silent for 30 s with requests pending, and back when it answers (the servicer's probe);
 5. SIGTERM/SIGINT: NOT_SERVING, drain in-flight calls for up to the grace period
    (``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``, 30 s; sockets still open), fail what
-   is left, stop the schedulers (SIGTERM, 2 s, SIGKILL), exit 0;
+   is left, stop the schedulers (SIGTERM, 2 s, SIGKILL), exit 0; stopping that outlasts the
+   grace period plus ``--shutdown-margin`` (``SMG_SERVICER_SHUTDOWN_MARGIN_S``, 15 s) kills the
+   scheduler processes by PID and exits 1 (core's ``shutdown``);
 6. a scheduler that exits (or signals a failure with SIGQUIT) ends the server with exit 1 within
    a few tenths of a second (core's watchdog); a scheduler that cannot start gives exit 1, an
    invalid configuration exit 2 (core's ``ExitCode``);
-7. ``/metrics`` when ``SMG_SGLANG_SERVICER_METRICS_PORT`` (or ``--metrics-port`` of
+7. TLS: SGLang's own ``--ssl-certfile``, ``--ssl-keyfile``, ``--ssl-ca-certs`` (client
+   certificates required) and ``--ssl-keyfile-password`` make the gRPC port TLS-only (core's
+   ``tls``; ``SMG_SERVICER_SSL_*`` when the flags are absent);
+8. ``/metrics`` when ``SMG_SGLANG_SERVICER_METRICS_PORT`` (or ``--metrics-port`` of
    ``python -m smg_servicer_sglang``) is set.
 """
 
@@ -48,6 +53,8 @@ from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
+from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
+from smg_servicer_core.tls import ServerTls, resolve_tls
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events
@@ -228,7 +235,7 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
     and the metrics flags, ``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``,
     ``--metrics-port`` / ``SMG_SGLANG_SERVICER_METRICS_PORT``, ``--metrics-host`` / ``..._HOST``."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
-    return (grace, *metrics_settings("sglang"))
+    return (grace, SHUTDOWN_MARGIN, *metrics_settings("sglang"))
 
 
 def resolve_settings(namespace: Any = None) -> ResolvedSettings:
@@ -248,6 +255,8 @@ async def run(
     try:
         own = settings if settings is not None else resolve_settings()
         check_metrics_port(own, int(server_args.port))
+        # SGLang's own --ssl-* flags (ignored by SGLang in gRPC mode), else SMG_SERVICER_SSL_*.
+        tls = resolve_tls(server_args, environment())
     except ConfigError as exc:
         logger.error("invalid configuration: %s", exc)
         return ExitCode.CONFIG
@@ -255,7 +264,9 @@ async def run(
         started = await _start(server_args, quit_signal)
         if isinstance(started, int):
             return started
-        return await _serve(started, server_args, own, on_request_manager_ready, on_started)
+        return await _serve(
+            started, server_args, own, on_request_manager_ready, on_started, tls=tls
+        )
     finally:
         loop.remove_signal_handler(signal.SIGQUIT)
 
@@ -266,6 +277,8 @@ async def _serve(
     own: ResolvedSettings,
     on_request_manager_ready: ReadyCallback | None,
     on_started: Callable[[int], None] | None,
+    *,
+    tls: ServerTls | None,
 ) -> int:
     servicer = schedulers.servicer
     if on_request_manager_ready is not None:
@@ -281,6 +294,8 @@ async def _serve(
         host=str(servicer.config.host),
         port=int(servicer.config.port),
         grace_period_s=own["grace_period_s"],
+        tls=tls,
+        shutdown_margin_s=own["shutdown_margin_s"],
     )
     return await serve_servicer(
         servicer,

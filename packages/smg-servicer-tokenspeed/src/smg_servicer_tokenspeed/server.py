@@ -13,8 +13,11 @@
    that fails ends the server with exit 1 within a few tenths of a second, every rank stopped;
 4. SIGTERM/SIGINT: NOT_SERVING, in-flight calls drain for up to ``--grace-period`` (30 s; the
    scheduler still running), what is left is cancelled, the ranks are stopped (SIGTERM, 2 s,
-   SIGKILL, children included), exit 0;
-5. ``/metrics`` with ``--metrics-port`` (``SMG_TOKENSPEED_SERVICER_METRICS_PORT``).
+   SIGKILL, children included), exit 0; stopping that outlasts the grace period plus
+   ``--shutdown-margin`` (15 s) kills the ranks by PID and exits 1 (core's ``shutdown``);
+5. TLS with ``--ssl-certfile``/``--ssl-keyfile`` (mutual TLS with ``--ssl-ca-certs``; core's
+   ``tls``), read before the launch: a bad file exits 2;
+6. ``/metrics`` with ``--metrics-port`` (``SMG_TOKENSPEED_SERVICER_METRICS_PORT``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError, ServicerError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.server import ServerOptions
+from smg_servicer_core.tls import ServerTls, load_server_tls
 from smg_servicer_core.watchdog import Watchdog, child_exited
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, kv_events
@@ -171,6 +175,7 @@ async def run(
     try:
         own = settings if settings is not None else resolve_settings()
         check_metrics_port(own, int(server_args.port))
+        tls = load_server_tls(own)
         kv_events.parse_config(getattr(server_args, "kv_events_config", None))
         launched = _launch(server_args)
     except ConfigError as exc:  # a flag, a variable, or SMG_TOKENSPEED_SCHEDULER unusable
@@ -178,12 +183,13 @@ async def run(
         return ExitCode.CONFIG
     if isinstance(launched, int):
         return launched
-    return await _serve(server_args, own, launched, on_started)
+    return await _serve(server_args, own, tls, launched, on_started)
 
 
 async def _serve(
     server_args: Any,
     own: ResolvedSettings,
+    tls: ServerTls | None,
     launched: ts.Launched,
     on_started: Callable[[int], None] | None,
 ) -> int:
@@ -203,6 +209,8 @@ async def _serve(
         port=int(server_args.port),
         grace_period_s=own["grace_period_s"],
         max_message_bytes=own["max_message_bytes"],
+        tls=tls,
+        shutdown_margin_s=own["shutdown_margin_s"],
     )
     try:
         bindings = servicer.bindings()

@@ -6,6 +6,11 @@ importing TokenSpeed, so ``python -m smg_servicer_tokenspeed`` refuses a bad one
 | ``--grace-period`` | ``SMG_SERVICER_GRACE_PERIOD_S`` | ``30`` | drain time after SIGTERM (s) |
 | ``--metrics-port`` | ``SMG_TOKENSPEED_SERVICER_METRICS_PORT`` | off | ``/metrics`` port |
 | ``--metrics-host`` | ``SMG_TOKENSPEED_SERVICER_METRICS_HOST`` | ``0.0.0.0`` | its address |
+| ``--shutdown-margin`` | ``SMG_SERVICER_SHUTDOWN_MARGIN_S`` | ``15`` | stop deadline - grace (s) |
+| ``--ssl-certfile`` | ``SMG_SERVICER_SSL_CERTFILE`` | off | TLS with ``--ssl-keyfile`` |
+| ``--ssl-keyfile`` | ``SMG_SERVICER_SSL_KEYFILE`` | off | the certificate's key |
+| ``--ssl-ca-certs`` | ``SMG_SERVICER_SSL_CA_CERTS`` | off | require client certificates |
+| ``--ssl-keyfile-password`` | ``SMG_SERVICER_SSL_KEYFILE_PASSWORD`` | | an encrypted key's |
 | | ``TOKENSPEED_GRPC_MAX_MESSAGE_BYTES`` | 256 MiB | gRPC message size limit |
 | | ``SMG_TOKENSPEED_SERVICER_WARMUP`` | on | one warm-up request before SERVING |
 | | ``TOKENSPEED_SKIP_GRPC_WARMUP`` | off | TokenSpeed's name for skipping it |
@@ -23,6 +28,8 @@ from smg_servicer_core.cli import SERVER_SETTINGS, metrics_settings
 from smg_servicer_core.config import ResolvedSettings, Setting, environment, parse_bool, resolve
 from smg_servicer_core.config import setting_value as value_of
 from smg_servicer_core.server import MiB
+from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
+from smg_servicer_core.tls import TLS_SETTINGS
 
 WARMUP = Setting(
     "warmup",
@@ -64,9 +71,16 @@ PAIRING_PROTOCOL = Setting(
 
 def servicer_settings() -> tuple[Setting[Any], ...]:
     """The servicer's own settings (TokenSpeed owns host, port, model and logging): the grace
-    period, the metrics flags and the message-size limit."""
+    period and shutdown margin, the metrics flags, the message-size limit and TLS (TokenSpeed
+    has no TLS flags of its own)."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
-    return (grace, *metrics_settings("tokenspeed"), MAX_MESSAGE_BYTES)
+    return (
+        grace,
+        SHUTDOWN_MARGIN,
+        *metrics_settings("tokenspeed"),
+        MAX_MESSAGE_BYTES,
+        *TLS_SETTINGS,
+    )
 
 
 def resolve_settings(namespace: Any = None) -> ResolvedSettings:

@@ -5,7 +5,8 @@ from the same ``AsyncLLM``; both read one :class:`~smg_servicer_core.health.Heal
 (:func:`health_for`), so ``grpc.health.v1`` ``Check``/``Watch`` and the engine's ``HealthCheck``
 always agree: SERVING while ``await async_llm.check_health()`` passes, NOT_SERVING while it fails
 (SERVING again when it recovers) and, for good, from ``set_not_serving()`` on (the launcher calls
-it when shutdown starts, synchronously).
+it when shutdown starts, synchronously). In vLLM's launcher process ``set_not_serving()`` also
+arms the stop deadline (:func:`smg_servicer_vllm.plugin.shutdown_deadline`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class VllmHealthServicer(health_pb2_grpc.HealthServicer):
 
     def set_not_serving(self) -> None:
         self.frame.enter_shutdown()
+        from smg_servicer_vllm.plugin import shutdown_deadline  # noqa: PLC0415 - launcher only
+
+        deadline = shutdown_deadline()
+        if deadline is not None:
+            deadline.arm()
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -14,6 +14,19 @@ Any other parse (``vllm serve`` without ``--grpc``, the engine processes, ``vllm
 through untouched. After a gRPC parse every setting is resolved (flag > ``SMG_VLLM_MM_*`` >
 default) and validated; a bad value prints one line and exits 2 before the engine is built. The
 result is kept for the servicer (:func:`launcher_settings`).
+
+In the launcher process the plugin also:
+
+- makes the gRPC port TLS-only when ``--ssl-certfile``/``--ssl-keyfile`` are given (``vllm
+  serve``'s own flags; added to the launcher module's parser, which lacks them) or
+  ``SMG_SERVICER_SSL_*`` are set; ``--ssl-ca-certs`` makes client certificates mandatory (mutual
+  TLS; vLLM's ``--ssl-cert-reqs`` is an HTTP setting and is not read). The files are read and
+  checked at the parse (exit 2 on a bad one); vLLM's own ``add_insecure_port`` then binds a secure
+  port instead (:func:`secure_ports`);
+- bounds the launcher's stop: from the moment vLLM's launcher starts to shut down (it sets the
+  health servicer NOT_SERVING), its 5 s gRPC grace plus ``--shutdown-margin``
+  (``SMG_SERVICER_SHUTDOWN_MARGIN_S``, 15 s) may pass before the engine's processes are killed
+  by PID and the process exits 1 (core's ``shutdown``).
 """
 
 from __future__ import annotations
@@ -29,13 +42,19 @@ from smg_servicer_core.cli import metrics_settings
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
+from smg_servicer_core.shutdown import SHUTDOWN_MARGIN, ShutdownDeadline
+from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 from smg_servicer_core.wire_guard import tolerant_add
 from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
 
 LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
 _MARK = "_smg_servicer_wrapped"
 #: Every variable a gRPC parse reads.
-SETTINGS_ENV = tuple(s.env for s in (*SETTINGS, *metrics_settings("vllm")) if s.env)
+SETTINGS_ENV = tuple(
+    s.env for s in (*SETTINGS, *metrics_settings("vllm"), SHUTDOWN_MARGIN, *TLS_SETTINGS) if s.env
+)
+#: vLLM's gRPC launcher stops its server with this grace (``server.stop(grace=5.0)``).
+VLLM_LAUNCHER_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,8 @@ class LauncherSettings:
 
     mm: MmSettings
     metrics: ResolvedSettings
+    tls: ServerTls | None = None
+    shutdown_margin_s: float = SHUTDOWN_MARGIN.default
 
 
 #: The last gRPC parse's settings (at most one entry: "launch").
@@ -86,6 +107,10 @@ def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
     for setting in metrics_settings("vllm"):
         if setting.flag not in options:
             setting.add_to_parser(group)
+    group = parser.add_argument_group("SMG servicer TLS and shutdown (smg-servicer-vllm)")
+    for setting in (SHUTDOWN_MARGIN, *TLS_SETTINGS):
+        if setting.flag not in options:  # vllm serve has its own --ssl-* flags: they are read
+            setting.add_to_parser(group)
 
 
 def resolve_launch(namespace: argparse.Namespace) -> LauncherSettings:
@@ -93,6 +118,8 @@ def resolve_launch(namespace: argparse.Namespace) -> LauncherSettings:
     return LauncherSettings(
         mm=resolve_mm_settings(namespace, environ),
         metrics=resolve(metrics_settings("vllm"), namespace, environ),
+        tls=load_server_tls(resolve(TLS_SETTINGS, namespace, environ)),
+        shutdown_margin_s=resolve((SHUTDOWN_MARGIN,), namespace, environ)[SHUTDOWN_MARGIN.name],
     )
 
 
@@ -110,10 +137,51 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         except ConfigError as exc:
             print(f"{self.prog}: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        if getattr(parsed, "mm_redis_url", None) is not None:
+            # vLLM's launcher logs its parsed arguments: the URL's repr hides its password.
+            parsed.mm_redis_url = _launched["launch"].mm.redis_url
         return parsed, rest
 
     setattr(parse_known_args, _MARK, True)
     return parse_known_args
+
+
+def secure_ports(server: Any, tls: ServerTls) -> None:
+    """vLLM's launcher binds with ``server.add_insecure_port(address)``: on this server, that
+    call binds a TLS port with ``tls`` instead (every service of the port: the engine's,
+    ``grpc.health.v1`` and reflection)."""
+    credentials = tls.credentials()
+
+    def add_secure(address: str) -> int:
+        return int(server.add_secure_port(address, credentials))
+
+    server.add_insecure_port = add_secure
+
+
+def shutdown_deadline() -> ShutdownDeadline | None:
+    """The launcher's stop deadline (None outside a launcher process); armed by the health
+    servicer's ``set_not_serving``, which vLLM's launcher calls when it starts to stop."""
+    settings = launcher_settings()
+    if settings is None or not in_launcher_process():
+        return None
+    return ShutdownDeadline(VLLM_LAUNCHER_GRACE_S, settings.shutdown_margin_s)
+
+
+_ADD_MARK = "_smg_launcher_add"
+
+
+def _launcher_add(add: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    if getattr(add, _ADD_MARK, False):
+        return add
+
+    def add_servicer(servicer: Any, server: Any) -> None:
+        add(servicer, server)
+        settings = launcher_settings()
+        if settings is not None and settings.tls is not None and in_launcher_process():
+            secure_ports(server, settings.tls)
+
+    setattr(add_servicer, _ADD_MARK, True)
+    return add_servicer
 
 
 def guard_wire() -> None:
@@ -121,9 +189,12 @@ def guard_wire() -> None:
     ``add_VllmEngineServicer_to_server`` on a server it builds itself: make that function's
     request parsing tolerant, so bytes that are not a request get INVALID_ARGUMENT from the
     servicer instead of grpcio's UNKNOWN with the parser's text
-    (:mod:`smg_servicer_core.wire_guard`). Idempotent."""
+    (:mod:`smg_servicer_core.wire_guard`), and, in a launcher given TLS files, make the server's
+    port secure (:func:`secure_ports`). Idempotent."""
     module: Any = vllm_engine_pb2_grpc
-    module.add_VllmEngineServicer_to_server = tolerant_add(module.add_VllmEngineServicer_to_server)
+    module.add_VllmEngineServicer_to_server = _launcher_add(
+        tolerant_add(module.add_VllmEngineServicer_to_server)
+    )
 
 
 def register() -> None:
