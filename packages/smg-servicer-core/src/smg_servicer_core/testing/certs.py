@@ -142,3 +142,41 @@ def make_ca(name: str, directory: Path | str) -> CA:
     )  # fmt: skip
     config.unlink()
     return CA(name=name, directory=folder, cert=cert, key=key)
+
+
+@dataclass(frozen=True)
+class MutualTls:
+    """What a mutual-TLS test needs: the worker's CA, a server certificate for 127.0.0.1 it
+    signed, a client certificate it signed (the router's), and a client certificate of an
+    unrelated CA (a stranger's), each ``(cert_pem, key_pem)``."""
+
+    ca: CA
+    server: tuple[Path, Path]
+    client: tuple[Path, Path]
+    stranger: tuple[Path, Path]
+
+    def server_flags(self) -> list[str]:
+        """``--ssl-certfile C --ssl-keyfile K --ssl-ca-certs CA``: every launcher's spelling."""
+        return [
+            "--ssl-certfile", str(self.server[0]), "--ssl-keyfile", str(self.server[1]),
+            "--ssl-ca-certs", str(self.ca.cert),
+        ]  # fmt: skip
+
+    def router_flags(self) -> list[str]:
+        """The router's (``smg launch``) flags to reach such a worker at ``grpcs://``."""
+        return [
+            "--client-cert-path", str(self.client[0]), "--client-key-path", str(self.client[1]),
+            "--ca-cert-paths", str(self.ca.cert),
+        ]  # fmt: skip
+
+
+def mutual_tls(directory: Path | str) -> MutualTls:
+    """A fresh :class:`MutualTls` set written into ``directory``."""
+    ca = make_ca("worker-ca", directory)
+    stranger = make_ca("stranger-ca", directory)
+    return MutualTls(
+        ca=ca,
+        server=ca.issue("127.0.0.1"),
+        client=ca.issue("router", client=True),
+        stranger=stranger.issue("stranger", client=True),
+    )
