@@ -135,12 +135,13 @@ async def main_async(args: argparse.Namespace) -> None:
     args.ids = chat_ids(model)
     logs = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
     domains = ("--allowed-media-domains", "127.0.0.1")
+    # The media server is on 127.0.0.1: private media hosts are refused unless opted in.
     with RedisServer() as redis, MediaServer() as media:
         urls = source_urls(args, media)
         sidecar = SidecarProcess(
             model,
             redis.url,
-            *sidecar_args(LIMIT, "--concurrency", "2", *domains),
+            *sidecar_args(LIMIT, "--concurrency", "2", *domains, "--allow-private-media-hosts"),
             log_path=logs / "s.log",
         ).start()
         workers = {}
@@ -148,6 +149,7 @@ async def main_async(args: argparse.Namespace) -> None:
             for arm in ARMS:
                 port = free_port()
                 extra = ["--mm-processor", arm, "--limit-mm-per-prompt", LIMIT, *domains]
+                extra.append("--mm-allow-private-media-hosts")
                 if arm == "redis":
                     extra += ["--mm-redis-url", redis.url]
                 workers[arm] = start_worker(

@@ -72,7 +72,9 @@ def start_sidecar(
     logs = tmp_path_factory.mktemp("sidecar-logs")
 
     def start(*extra: str, limit: str = '{"image": 2}', env: dict[str, str] | None = None) -> Any:
-        args = sidecar_args(limit, "--allowed-media-domains", "127.0.0.1", *extra)
+        # The media server is on 127.0.0.1: the opt-in lets the sidecar fetch from it.
+        domains = ("--allowed-media-domains", "127.0.0.1", "--allow-private-media-hosts")
+        args = sidecar_args(limit, *domains, *extra)
         args = (*args, "--allowed-local-media-path", str(media_dir))
         log = logs / f"sidecar-{len(started)}.log"
         sidecar = SidecarProcess(tiny_vlm, redis_server.url, *args, log_path=log, env=env)
@@ -111,7 +113,8 @@ async def worker(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def inprocess(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
-    async with serve_llm(vlm_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+    settings = MmSettings(processor="inprocess", source="flag", allow_private_media_hosts=True)
+    async with serve_llm(vlm_llm, settings) as stack:
         yield stack
 
 

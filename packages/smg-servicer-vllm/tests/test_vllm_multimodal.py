@@ -49,7 +49,9 @@ def media_server() -> Iterator[MediaServer]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vlm(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, Any]]:
-    async with serve_llm(vlm_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+    # The media server is on 127.0.0.1: a worker that fetches from it needs the opt-in.
+    settings = MmSettings(processor="inprocess", source="flag", allow_private_media_hosts=True)
+    async with serve_llm(vlm_llm, settings) as stack:
         yield stack
 
 
@@ -243,7 +245,7 @@ async def test_media_refs_on_a_worker_with_processing_off(vlm_llm, serve_llm, id
 async def test_past_mm_max_inflight_a_request_is_unavailable(
     vlm_llm, serve_llm, ids, media_server
 ) -> None:
-    settings = MmSettings(processor="inprocess", max_inflight=1)
+    settings = MmSettings(processor="inprocess", max_inflight=1, allow_private_media_hosts=True)
     async with serve_llm(vlm_llm, settings) as (_, stub):
         slow = asyncio.ensure_future(
             complete(stub, media_request(ids["one"], media_server.url("/slow.png")))
@@ -253,6 +255,24 @@ async def test_past_mm_max_inflight_a_request_is_unavailable(
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert "worker is saturated" in (error.details() or "")
         assert (await slow).completion_tokens == MAX_TOKENS
+
+
+async def test_without_the_opt_in_a_loopback_host_is_refused_unfetched(
+    vlm_llm, serve_llm, ids, media_server
+) -> None:
+    """The default worker (no --mm-allow-private-media-hosts) over the same engine: the media
+    server's 127.0.0.1 URL (in the engine's --allowed-media-domains) is INVALID_ARGUMENT naming
+    the rule, and the server never sees the request; the worker goes on."""
+    async with serve_llm(vlm_llm, MmSettings(processor="inprocess")) as (_, stub):
+        error = await refused(stub, media_request(ids["one"], media_server.url("/never.png")))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert error.details() == (
+            "media_refs.items[0]: the URL's host resolves to a loopback address (refused: "
+            "private media hosts are off; --mm-allow-private-media-hosts allows them)"
+        )
+        assert not media_server.hit("/never.png").is_set()
+        after = await complete(stub, media_request(ids["one"], data_url(png_image(40, 50, seed=1))))
+        assert after.completion_tokens == MAX_TOKENS
 
 
 # Preprocessed tensors ----------------------------------------------------------------------------

@@ -11,8 +11,9 @@ and the sidecar's protocol handling are engine-free; they call in here for:
   ``im_token_id``. vLLM's renderer is bypassed: the router already expanded the prompt.
 - :class:`InprocessProcessor`: media refs fetched with vLLM's media connector (the engine's
   ``--allowed-media-domains``, ``--allowed-local-media-path``, ``--media-io-kwargs`` and
-  ``VLLM_*_FETCH_TIMEOUT``), then expanded and processed by vLLM's renderer (the worker's
-  ``--mm-processor inprocess``, and the sidecar's processing).
+  ``VLLM_*_FETCH_TIMEOUT``) over our guarded HTTP connection (:mod:`.media_guard`: private
+  hosts refused on the resolved address, every redirect checked), then expanded and processed
+  by vLLM's renderer (the worker's ``--mm-processor inprocess``, and the sidecar's processing).
 - :func:`mm_facts`: what the model accepts, read once at start.
 - the sidecar's vLLM pieces: :func:`fingerprint_of` (the protocol fingerprint of a
   ``ModelConfig``), the ``MultiModalKwargsItem`` blob codec (:func:`encode_item`,
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 import vllm
 import vllm.envs as vllm_envs
+from vllm.connections import HTTPConnection
 from vllm.inputs.engine import mm_input
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import (
@@ -50,6 +52,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.tensors import MAX_TENSOR_BYTES, RawTensor, read_tensor
 from smg_servicer_mm_sidecar.protocol import MODALITIES, Fingerprint, limit_string, sorted_json
+from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
     MediaItem,
@@ -236,12 +239,54 @@ def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
     )
 
 
+class GuardedConnection(HTTPConnection):
+    """vLLM's HTTP connection with every async GET through a :class:`GuardedFetcher` (the media
+    connector's ``connection``): vLLM's retries, size limits and status handling stay vLLM's;
+    where it connects and which redirects it follows are the fetcher's. The synchronous client
+    is refused (the worker fetches asynchronously only)."""
+
+    def __init__(self, fetcher: GuardedFetcher) -> None:
+        super().__init__(reuse_client=True)
+        self.fetcher = fetcher
+
+    def get_sync_client(self) -> Any:
+        raise RuntimeError("synchronous media fetches are not guarded; use the async path")
+
+    async def get_async_client(self) -> Any:
+        return self.fetcher.session()
+
+    async def get_async_response(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - vLLM's signature
+        extra_headers: Mapping[str, str] | None = None,
+        allow_redirects: bool = True,
+    ) -> Any:
+        self._validate_http_url(url)
+        return self.fetcher.get(
+            url,
+            headers=self._headers(**(extra_headers or {})),
+            timeout=timeout,
+            allow_redirects=allow_redirects,
+        )
+
+
 class InprocessProcessor:
     """Media refs fetched and processed inside the worker (``--mm-processor inprocess``)."""
 
-    def __init__(self, engine: Any, settings: MmSettings) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        settings: MmSettings,
+        *,
+        opt_in: str = OPT_IN_FLAG,
+        fetcher: GuardedFetcher | None = None,
+    ) -> None:
         """``engine``: anything with vLLM's ``model_config`` and ``renderer`` (an ``AsyncLLM``,
-        or the sidecar's config and renderer)."""
+        or the sidecar's config and renderer). ``opt_in`` names the private-hosts opt-in in
+        refusals (the sidecar's flag differs); ``fetcher`` replaces the guarded fetcher built
+        from ``settings`` (tests: an inner resolver)."""
         mc = engine.model_config
         mm_config = getattr(mc, "multimodal_config", None)
         configured: Mapping[str, Mapping[str, Any]] = (
@@ -262,12 +307,31 @@ class InprocessProcessor:
         if not domains:
             logger.warning(
                 "--mm-processor %s without --allowed-media-domains: the worker fetches media "
-                "from any host the router forwards",
+                "from any host the router forwards that is not private (see %s)",
                 settings.processor,
+                opt_in,
             )
+        if settings.allow_private_media_hosts:
+            logger.warning(
+                "private media hosts allowed (%s): media URLs may reach loopback and link-local "
+                "addresses of this machine's network; cloud metadata, unspecified and multicast "
+                "addresses stay refused",
+                opt_in,
+            )
+        else:
+            logger.info(
+                "media URLs resolving to loopback, link-local, cloud metadata, unspecified or "
+                "multicast addresses are refused (%s allows loopback and link-local)",
+                opt_in,
+            )
+        self.fetcher = fetcher or GuardedFetcher(
+            AddressPolicy(settings.allow_private_media_hosts, opt_in),
+            allowed_domains=domains or (),
+        )
         self.connector = MEDIA_CONNECTOR_REGISTRY.load(  # pyright: ignore[reportUnknownMemberType]
             vllm_envs.VLLM_MEDIA_CONNECTOR,
             media_io_kwargs=media_io_kwargs,
+            connection=GuardedConnection(self.fetcher),
             allowed_local_media_path=getattr(mc, "allowed_local_media_path", "") or "",
             allowed_media_domains=domains,
         )
@@ -283,7 +347,8 @@ class InprocessProcessor:
         """Nothing changes while serving."""
 
     async def aclose(self) -> None:
-        """Nothing to close."""
+        """The fetcher's HTTP session."""
+        await self.fetcher.aclose()
 
     async def _fetch_one(self, index: int, item: MediaItem) -> Any:
         where = f"media_refs.items[{index}]"

@@ -178,7 +178,10 @@ def _names(exc: BaseException) -> list[str]:
 
 class MediaRefused(InvalidRequest):
     """A fetch that failed by the request's fault. ``reason`` is the sidecar protocol's code
-    (``fetch_failed``, ``domain_not_allowed`` or ``decode_failed``)."""
+    (``fetch_failed``, ``domain_not_allowed`` or ``decode_failed``). A host refused by the
+    address rules (:mod:`.media_guard`) is ``domain_not_allowed`` too: a client code every
+    worker already maps to INVALID_ARGUMENT, where a new code would read as retryable
+    UNAVAILABLE to a worker older than its sidecar."""
 
     def __init__(self, message: str, reason: str = "fetch_failed") -> None:
         super().__init__(message)
@@ -198,6 +201,9 @@ def fetch_error(exc: BaseException, where: str, modality: str) -> MediaRefused |
     carry the sidecar protocol's code as ``reason``."""
     names = _names(exc)
     text = str(exc)
+    if "MediaHostRefused" in names:  # media_guard's refusal: its detail is client-safe
+        detail = str(getattr(exc, "detail", "") or "the URL's host is refused")
+        return MediaRefused(f"{where}: {detail}", "domain_not_allowed")
     if "ClientResponseError" in names:
         status = int(getattr(exc, "status", 0) or 0)
         message = f"{where}: the media host answered HTTP {status}"

@@ -20,6 +20,11 @@ flag                       variable                            default
 —                          ``SMG_VLLM_MM_MAX_VIDEO_FRAMES``    0 (vLLM's ``--media-io-kwargs``)
 =========================  ==================================  =============================
 
+``--mm-allow-private-media-hosts`` (variable ``SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS``, default
+off) lets media URLs reach loopback and link-local hosts, which are refused by default
+(:mod:`smg_servicer_vllm.media_guard`); the sidecar reads the same variable (its flag:
+``--allow-private-media-hosts``).
+
 ``--mm-max-items`` is either one count for every modality (``4``) or per modality
 (``image=4,video=1``).
 """
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from smg_servicer_core.config import Setting, Source, resolve
+from smg_servicer_core.config import Setting, Source, parse_bool, resolve
 
 Mode = Literal["off", "inprocess", "redis"]
 MODES: tuple[Mode, ...] = ("off", "inprocess", "redis")
@@ -109,6 +114,25 @@ def redact_url(url: str) -> str:
         host = f"[{host}]"
     port = f":{parts.port}" if parts.port is not None else ""
     return urlunsplit(parts._replace(netloc=f"***@{host}{port}"))
+
+
+@dataclass(frozen=True)
+class Switch(Setting[bool]):
+    """A boolean setting whose flag takes no value (given: on); its variable takes 1/0,
+    true/false, yes/no or on/off."""
+
+    def add_to_parser(self, parser: argparse.ArgumentParser | Any) -> None:
+        if self.flag is None:
+            return
+        env_note = f" [env {self.env}]" if self.env else ""
+        parser.add_argument(
+            self.flag,
+            dest=self.name,
+            default=None,
+            action="store_const",
+            const="true",
+            help=f"{self.help} (default: off){env_note}",
+        )
 
 
 SETTINGS: tuple[Setting[Any], ...] = (
@@ -197,6 +221,15 @@ SETTINGS: tuple[Setting[Any], ...] = (
         env="SMG_VLLM_MM_MAX_VIDEO_FRAMES",
         validate=_not_negative,
     ),
+    Switch(
+        "mm_allow_private_media_hosts",
+        parse_bool,
+        False,
+        "let media URLs reach loopback and link-local hosts (refused by default: SSRF); cloud "
+        "metadata, unspecified and multicast addresses stay refused",
+        flag="--mm-allow-private-media-hosts",
+        env="SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS",
+    ),
 )
 FLAG_BACKED = tuple(s for s in SETTINGS if s.flag is not None)
 
@@ -214,6 +247,7 @@ class MmSettings:
     sidecar_max_queue: int = 256
     sidecar_namespace: str | None = None
     max_video_frames: int = 0
+    allow_private_media_hosts: bool = False
     #: Where ``processor`` came from: ``flag``, ``env`` or ``default``.
     source: Source = "default"
     sources: Mapping[str, Source] = field(default_factory=dict[str, Source])
@@ -240,7 +274,7 @@ class MmSettings:
 
 
 def add_flags(parser: argparse.ArgumentParser | Any) -> None:
-    """The eight ``--mm-*`` flags (``default=None``: an absent flag falls back to the variable)."""
+    """The ``--mm-*`` flags (``default=None``: an absent flag falls back to the variable)."""
     group = parser.add_argument_group("SMG worker-side multimodal (smg-servicer-vllm)")
     for setting in FLAG_BACKED:
         setting.add_to_parser(group)

@@ -4,14 +4,18 @@
 ::
 
     python -m smg_grpc_servicer.vllm.mm_sidecar --model M --redis-url URL [--namespace NS]
-        [--concurrency 2] [--allowed-media-domains ...] <vLLM engine args>
+        [--concurrency 2] [--allowed-media-domains ...] [--allow-private-media-hosts]
+        <vLLM engine args>
 
 Builds vLLM's configuration and renderer for the model (no engine, no KV cache, no GPU), then
 serves the job list of its namespace (:mod:`smg_servicer_mm_sidecar.service`): each job's media
 are fetched with vLLM's media connector (``--allowed-media-domains``,
 ``--allowed-local-media-path``, ``--media-io-kwargs``, ``VLLM_*_FETCH_TIMEOUT``) and processed by
 vLLM's renderer under the sidecar's ``--limit-mm-per-prompt``; the items travel back as vLLM
-msgpack blobs.
+msgpack blobs. Media hosts that are or resolve to loopback, link-local, cloud metadata,
+unspecified or multicast addresses are refused as on the worker (:mod:`..media_guard`; code
+``domain_not_allowed``); ``--allow-private-media-hosts`` (``SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS``)
+allows loopback and link-local.
 
 ``--redis-url`` and ``--namespace`` resolve like the worker's ``--mm-redis-url`` and
 ``--mm-sidecar-namespace``: flag, then ``SMG_VLLM_MM_REDIS_URL`` /
@@ -49,6 +53,8 @@ from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable
 from smg_servicer_vllm.mm_settings import MmSettings, redact_url
 from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
 
+#: How the sidecar's refusals name its private-hosts opt-in.
+OPT_IN_FLAG = "--allow-private-media-hosts"
 #: One logger tree with the sidecar's loops (``smg_servicer_mm_sidecar.service``).
 logger = logging.getLogger("smg_servicer_mm_sidecar")
 PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
@@ -90,10 +96,24 @@ def process_code(cause: BaseException | None) -> str:
 class VllmJobProcessor:
     """A job's media fetched and processed with vLLM's own connector and renderer."""
 
-    def __init__(self, vllm_config: Any, renderer: Any, max_video_frames: int = 0) -> None:
-        settings = MmSettings(processor="inprocess", max_video_frames=max_video_frames)
+    def __init__(
+        self,
+        vllm_config: Any,
+        renderer: Any,
+        max_video_frames: int = 0,
+        *,
+        allow_private_media_hosts: bool = False,
+        fetcher: Any = None,
+    ) -> None:
+        settings = MmSettings(
+            processor="inprocess",
+            max_video_frames=max_video_frames,
+            allow_private_media_hosts=allow_private_media_hosts,
+        )
         engine = SimpleNamespace(model_config=vllm_config.model_config, renderer=renderer)
-        self.inner = _mm_engine.InprocessProcessor(engine, settings)
+        self.inner = _mm_engine.InprocessProcessor(
+            engine, settings, opt_in=OPT_IN_FLAG, fetcher=fetcher
+        )
         self.fingerprint = _mm_engine.fingerprint_of(vllm_config.model_config)
         self.schemes = self.inner.schemes
 
@@ -156,6 +176,8 @@ async def serve(sidecar: Sidecar) -> None:
         await sidecar.run(stop)
     finally:
         await sidecar.redis.aclose()
+        if isinstance(sidecar.processor, VllmJobProcessor):
+            await sidecar.processor.inner.aclose()  # the media fetcher's HTTP session
     logger.info("mm sidecar stopped (%s)", sidecar.counters)
 
 
@@ -181,7 +203,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if renderer is None:
         print(f"{PROG}: {namespace.model} accepts no media; nothing to serve", file=sys.stderr)
         raise SystemExit(2)
-    processor = VllmJobProcessor(vllm_config, renderer, resolved["mm_max_video_frames"])
+    processor = VllmJobProcessor(
+        vllm_config,
+        renderer,
+        resolved["mm_max_video_frames"],
+        allow_private_media_hosts=resolved["allow_private_media_hosts"],
+    )
     sidecar = Sidecar(
         redis,
         processor.fingerprint,
@@ -201,5 +228,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         resolved["concurrency"],
         ",".join(processor.schemes),
         sidecar.max_result_bytes,
+    )
+    logger.info(
+        "private media hosts %s (%s)",
+        "allowed" if resolved["allow_private_media_hosts"] else "refused",
+        resolved.source("allow_private_media_hosts"),
     )
     asyncio.run(serve(sidecar))

@@ -1,7 +1,8 @@
 """The sidecar's own settings, engine-free. ``--redis-url`` and ``--namespace`` are the worker's
 ``--mm-redis-url`` / ``--mm-sidecar-namespace`` settings under the sidecar's flag names: the same
 variables (``SMG_VLLM_MM_REDIS_URL``, ``SMG_VLLM_MM_SIDECAR_NAMESPACE``), the same parsing and
-checks, so the two processes cannot resolve them differently."""
+checks, so the two processes cannot resolve them differently. ``--allow-private-media-hosts`` is
+the worker's ``--mm-allow-private-media-hosts`` (``SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS``)."""
 
 from __future__ import annotations
 
@@ -39,4 +40,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
         validate=_positive,
     ),
     _WORKER["mm_max_video_frames"],
+    dataclasses.replace(
+        _WORKER["mm_allow_private_media_hosts"],
+        name="allow_private_media_hosts",
+        flag="--allow-private-media-hosts",
+    ),
 )
