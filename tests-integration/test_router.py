@@ -124,3 +124,27 @@ def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
     while asyncio.run(_active_requests(engine, worker)) != 0:
         assert time.monotonic() < deadline, "the worker kept generating after the disconnect"
         time.sleep(0.1)
+
+
+def test_sglang_constraint_that_cannot_continue_is_400_through_the_router(sglang_router) -> None:
+    """SGLang's engine-attributed constraint failure (FAILED_PRECONDITION with the
+    ``smg-constraint-failed`` trailer) reaches the client as the router's 400 with our words, and
+    the worker serves on. On /v1/completions: smg 1.13.0 does not forward a chat request's
+    ``min_tokens`` to the worker, so a chat request cannot ask for this dead end."""
+    _, router = sglang_router
+    body = {
+        "model": _model(router),
+        "prompt": "Hi",
+        "temperature": 0,
+        "max_tokens": 16,
+        # After "a" the pattern allows only the end, which min_tokens forbids: a dead end.
+        "regex": "a",
+        "min_tokens": 8,
+    }
+    failed = httpx.post(router.base + "/v1/completions", json=body, timeout=60)
+    assert failed.status_code == 400, failed.text
+    assert "the engine could not continue the request under its constraint" in failed.text
+    body.pop("min_tokens")
+    served = httpx.post(router.base + "/v1/completions", json=body, timeout=60)
+    assert served.status_code == 200, served.text
+    assert served.json()["choices"][0]["text"] == "a"

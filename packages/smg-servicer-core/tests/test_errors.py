@@ -43,7 +43,8 @@ def _all_error_classes() -> set[type[errors.ServicerError]]:
 
 @pytest.mark.unit
 def test_every_error_class_is_covered() -> None:
-    assert _all_error_classes() == set(EXPECTED)
+    # ConstraintFailed prefixes its message and adds a trailer: its own test below.
+    assert _all_error_classes() == set(EXPECTED) | {errors.ConstraintFailed}
 
 
 class RaisingServicer(mlx_engine_pb2_grpc.MlxEngineServicer):
@@ -89,6 +90,49 @@ async def test_error_class_maps_to_its_code(raising, cls, code) -> None:
         async for _ in call:
             pass
     assert streamed.value.code() == code
+
+
+def _trailers(metadata: Any) -> list[tuple[str, str]]:
+    return [(str(k), str(v)) for k, v in (metadata or ())]
+
+
+@pytest.mark.contract
+async def test_a_constraint_failure_is_failed_precondition_with_the_engine_trailer(
+    raising,
+) -> None:
+    servicer, stub = raising
+    servicer.to_raise = errors.ConstraintFailed("the grammar rejected token 7")
+    want = (
+        "the engine could not continue the request under its constraint: "
+        "the grammar rejected token 7"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as unary:
+        await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert unary.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert unary.value.details() == want
+    assert ("smg-constraint-failed", "engine") in _trailers(unary.value.trailing_metadata())
+    # Mid-stream: the tokens already sent arrive, then the status and the trailer.
+    call = stub.Generate(mlx_generate([1, 2], request_id="r-constraint", stream=True))
+    received = []
+    with pytest.raises(grpc.aio.AioRpcError) as streamed:
+        async for response in call:
+            received.append(response)
+    assert [list(r.chunk.token_ids) for r in received] == [[1]]
+    assert streamed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert streamed.value.details() == want
+    assert _trailers(await call.trailing_metadata()).count(("smg-constraint-failed", "engine")) == 1
+
+
+@pytest.mark.contract
+async def test_no_other_error_carries_the_constraint_trailer(raising) -> None:
+    servicer, stub = raising
+    servicer.to_raise = errors.FailedPrecondition("not configured")
+    call = stub.Generate(mlx_generate([1, 2], request_id="r-plain"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert all(k != "smg-constraint-failed" for k, _ in _trailers(await call.trailing_metadata()))
 
 
 @pytest.mark.contract

@@ -407,3 +407,52 @@ async def test_kv_events_under_faults() -> None:
             outcomes = await kv_fault_outcomes(open_stream, publisher)
     record("sglang", kv_outcomes=outcomes)
     assert outcomes == EXPECTED
+
+
+async def _drive_constrained_end(stack: Stack, rid: str, finish: dict[str, Any]) -> tuple[
+    list[pb.GenerateResponse], grpc.aio.AioRpcError, list[tuple[str, str]]
+]:  # fmt: skip
+    """A stream the scheduler answers with one token, then ``finish`` (what SGLang sends)."""
+    stack.scheduler.mode = "silent"
+    call = stack.stub.Generate(gen(rid))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while not any(getattr(o, "rid", "") == rid for o in stack.scheduler.received):
+        assert loop.time() < deadline, "the request never reached the scheduler"
+        await asyncio.sleep(0.01)
+    await stack.scheduler.send(token_output(rid, [11], 1, None))
+    await stack.scheduler.send(token_output(rid, [0], 2, finish))
+    received: list[pb.GenerateResponse] = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for response in call:
+            received.append(response)
+    trailers = [(str(k), str(v)) for k, v in (await call.trailing_metadata() or ())]
+    return received, err.value, trailers
+
+
+async def test_a_grammar_abort_the_engine_attributes_is_failed_precondition_with_trailer(
+    stack: Stack,
+) -> None:
+    from smg_servicer_sglang import grammar_hooks
+
+    # The finish exactly as the scheduler's hook leaves it (FINISH_ABORT's own wire form).
+    finish = sg.FINISH_ABORT(grammar_hooks.DEAD_END_DETAIL, 400, grammar_hooks.ERR_TYPE).to_json()
+    received, err, trailers = await _drive_constrained_end(stack, "constrained", finish)
+    assert [list(r.chunk.token_ids) for r in received] == [[11]]  # the token before the end
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.details() == (
+        "the engine could not continue the request under its constraint: "
+        + grammar_hooks.DEAD_END_DETAIL
+    )
+    assert ("smg-constraint-failed", "engine") in trailers
+    assert len(stack.servicer.registry) == 0
+
+
+async def test_an_unattributed_engine_abort_is_not_a_constraint_failure(stack: Stack) -> None:
+    # SGLang's own words for a rejected token, without the hook's stamp: an engine fault.
+    finish = sg.FINISH_ABORT(
+        "Grammar accept_token failed: Tokens not accepted: 0", 500, "InternalServerError"
+    ).to_json()
+    _, err, trailers = await _drive_constrained_end(stack, "unattributed", finish)
+    assert err.code() == grpc.StatusCode.INTERNAL
+    assert all(key != "smg-constraint-failed" for key, _ in trailers)

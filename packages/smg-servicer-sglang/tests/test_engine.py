@@ -392,3 +392,41 @@ async def test_a_schema_the_grammar_compiler_refuses_is_named_without_native_noi
     details = err.value.details() or ""
     assert "minLength 5 is greater than maxLength 1" in details
     assert ".cc:" not in details and "/project/" not in details
+
+
+CONSTRAINT_DEAD_ENDS = {
+    # After "a" the pattern allows only the end of output, which min_new_tokens forbids: no
+    # token may follow. Greedy, SGLang drew token 0 (an end-of-sequence id here) and ended "stop";
+    "regex, greedy, streamed": ({"regex": "a", "min_new_tokens": 8}, True),
+    "json schema, greedy": ({"json_schema": '{"const": 1}', "min_new_tokens": 8}, False),
+    # sampled with top-k, SGLang's CPU sampler raised on the all -inf row and the engine died.
+    "regex, top-k sampled, streamed": (
+        {"regex": "abc", "min_new_tokens": 8, "temperature": 0.7, "top_k": 5},
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONSTRAINT_DEAD_ENDS))
+async def test_a_constraint_that_cannot_continue_is_failed_precondition_with_trailer(
+    stub: Any, case: str
+) -> None:
+    sampling, stream = CONSTRAINT_DEAD_ENDS[case]
+    call = stub.Generate(request(CASES["short"], stream=stream, sampling=sampling))
+    received = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for response in call:
+            received.append(response)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (err.value.details() or "").startswith(
+        "the engine could not continue the request under its constraint: no token may follow"
+    )
+    trailers = [(str(k), str(v)) for k, v in (await call.trailing_metadata() or ())]
+    assert ("smg-constraint-failed", "engine") in trailers
+    assert not completes(received)
+    # The engine goes on serving: healthy, idle, and the next request is whole.
+    health = await stub.HealthCheck(pb.HealthCheckRequest())
+    assert health.healthy, health.message
+    await wait_idle(stub)
+    (complete,) = completes(await collect(stub, request(CASES["short"])))
+    assert complete.completion_tokens == MAX_TOKENS

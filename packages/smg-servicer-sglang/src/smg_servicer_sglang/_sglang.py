@@ -30,9 +30,11 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
 from sglang.srt.managers import io_struct as _io
 from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
+from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import get_parallel, publish
 from sglang.srt.sampling import sampling_params as _sampling
 from sglang.srt.server_args import PortArgs
@@ -41,6 +43,7 @@ from sglang.srt.utils.common import configure_logger
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 
 from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_sglang import grammar_hooks
 from smg_servicer_sglang.convert import ReqSpec
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ SGLANG_VERSION: str = str(_sglang.__version__)
 AbortReq: Any = _io.AbortReq
 BatchEmbeddingOutput: Any = _io.BatchEmbeddingOutput
 BatchTokenIDOutput: Any = _io.BatchTokenIDOutput
+#: A scheduler finish that aborts: ``(message, status_code, err_type)``.
+FINISH_ABORT: Any = _FINISH_ABORT
 FlushCacheReqInput: Any = _io.FlushCacheReqInput
 FlushCacheReqOutput: Any = _io.FlushCacheReqOutput
 HealthCheckOutput: Any = _io.HealthCheckOutput
@@ -122,8 +127,11 @@ class SchedulerStartError(RuntimeError):
 
 
 def _run_scheduler(*args: Any, **kwargs: Any) -> None:
-    """A scheduler rank, with Ctrl+C left to the servicer (which stops the ranks in order)."""
+    """A scheduler rank, with Ctrl+C left to the servicer (which stops the ranks in order) and
+    the grammar hooks installed (:mod:`.grammar_hooks`: a constraint that cannot continue ends
+    its request as such, never the engine). Also the entry of a DP controller's ranks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    grammar_hooks.install(HookRegistry, HookType.AROUND, FINISH_ABORT)
     run_scheduler_process(*args, **kwargs)
 
 

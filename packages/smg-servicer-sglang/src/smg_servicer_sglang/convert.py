@@ -21,8 +21,14 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from smg_servicer_core import validate
-from smg_servicer_core.errors import InvalidRequest, ServicerError, from_http_status
+from smg_servicer_core.errors import (
+    ConstraintFailed,
+    InvalidRequest,
+    ServicerError,
+    from_http_status,
+)
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_sglang.grammar_hooks import ERR_TYPE as GRAMMAR_ABORT
 
 #: Stop strings and stop token ids SGLang accepts per request.
 MAX_STOPS = 32
@@ -213,9 +219,13 @@ def embed_req(request: pb.EmbedRequest, limits: ModelLimits) -> ReqSpec:
 
 
 def failure(finish: dict[str, Any] | None) -> ServicerError | None:
-    """The error an abort finish carries, or None for a plain abort (the client's own)."""
+    """The error an abort finish carries, or None for a plain abort (the client's own). A finish
+    the scheduler's grammar hooks stamped (``err_type`` :data:`.grammar_hooks.ERR_TYPE`) is a
+    :class:`ConstraintFailed`; every other abort with a status goes through the HTTP table."""
     if not finish or finish.get("type") != "abort":
         return None
+    if finish.get("err_type") == GRAMMAR_ABORT:
+        return ConstraintFailed(str(finish.get("message") or "the grammar rejected a token"))
     status = finish.get("status_code")
     if status is None:
         return None
