@@ -196,8 +196,11 @@ def test_item_limits_and_their_label() -> None:
 
 
 def test_redaction_hides_credentials_only() -> None:
-    assert redact_url("redis://user:pw@[::1]:6380/0") == "redis://***@[::1]:6380/0"
-    assert redact_url("redis://:pw@h/0") == "redis://***@h/0"
+    assert redact_url("redis://user:pw@[::1]:6380/0") == "redis://user:***@[::1]:6380/0"
+    assert redact_url("rediss://alice:p%40ss@h:6380/2") == "rediss://alice:***@h:6380/2"
+    assert redact_url("redis://:pw@h/0") == "redis://:***@h/0"
+    assert redact_url("redis://alice@h/0") == "redis://alice@h/0"  # no password: nothing hidden
+    assert redact_url("redis://u:pw@h:port/0") == "<an unreadable URL>"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 

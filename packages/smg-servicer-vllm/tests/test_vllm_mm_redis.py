@@ -2,11 +2,20 @@
 ``redis-server`` and the real sidecar process (``python -m smg_grpc_servicer.vllm.mm_sidecar``):
 greedy ids equal the in-process path's and vLLM's own; the faults an operator meets (Redis killed
 and restarted, the sidecar killed, a fingerprint that disagrees, a forged result, a deep queue, a
-result over the cap, a job past its deadline) each end the way the protocol says."""
+result over the cap, a job past its deadline) each end the way the protocol says.
+
+Redis speaks TLS only, with an ACL user (``rediss://smg-mm:<password>@127.0.0.1:<port>/0``, its
+``default`` user off; certificates made here), so every test runs over the link an operator
+should deploy; a wrong password or CA stops the worker and the sidecar at start (exit 2, one
+line), and the password shows in no log."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -17,18 +26,20 @@ import msgspec
 import pytest
 import pytest_asyncio
 
+from smg_servicer_core.config import environment
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing.certs import CA, make_ca
 from smg_servicer_core.testing.media import MediaServer, data_url, png_image
-from smg_servicer_core.testing.redis_server import RedisServer
+from smg_servicer_core.testing.redis_server import RedisServer, RedisTlsFiles
 from smg_servicer_mm_sidecar import protocol as p
-from smg_servicer_mm_sidecar.client import connect
+from smg_servicer_mm_sidecar.client import RedisTls, connect
 from smg_servicer_vllm.mm_settings import MmSettings
 from smg_servicer_vllm.testing.multimodal import complete, media_request, reference, vlm_prompts
 from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
-PASSWORD = "pa55-w0rd-xyz"
+USER, PASSWORD = "smg-mm", "pa55-w0rd-xyz"
 #: The workers' sidecar deadline: far above a healthy job (0.1-0.5 s) so that a busy machine
 #: never turns a slow job into sidecar_timeout. "Fails fast" checks bound at FAST_S, far below it;
 #: the one test of the deadline itself runs a worker of its own with SHORT_TIMEOUT_MS.
@@ -49,9 +60,23 @@ def ids(tiny_vlm: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer(password=PASSWORD) as server:
+def cas(tmp_path_factory: Any) -> dict[str, CA]:
+    """``ours`` signed Redis's certificate; ``other`` is unrelated."""
+    folder = tmp_path_factory.mktemp("certs")
+    return {"ours": make_ca("redis-ca", folder), "other": make_ca("other-ca", folder)}
+
+
+@pytest.fixture(scope="module")
+def redis_server(cas: dict[str, CA]) -> Iterator[RedisServer]:
+    cert, key = cas["ours"].issue("127.0.0.1", sans=("127.0.0.1", "localhost"))
+    tls = RedisTlsFiles(cert, key, cas["ours"].cert)
+    with RedisServer(user=USER, password=PASSWORD, tls=tls) as server:
         yield server
+
+
+def ca_file(server: RedisServer) -> str:
+    assert server.tls is not None
+    return str(server.tls.ca)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +101,7 @@ def start_sidecar(
         domains = ("--allowed-media-domains", "127.0.0.1", "--allow-private-media-hosts")
         args = sidecar_args(limit, *domains, *extra)
         args = (*args, "--allowed-local-media-path", str(media_dir))
+        args = (*args, "--redis-ca-file", ca_file(redis_server))
         log = logs / f"sidecar-{len(started)}.log"
         sidecar = SidecarProcess(tiny_vlm, redis_server.url, *args, log_path=log, env=env)
         started.append(sidecar.start())
@@ -92,10 +118,11 @@ def sidecar(start_sidecar: Callable[..., SidecarProcess]) -> dict[str, SidecarPr
     return {"now": start_sidecar("--concurrency", "2")}
 
 
-def redis_settings(url: str, **overrides: Any) -> MmSettings:
+def redis_settings(server: RedisServer, **overrides: Any) -> MmSettings:
     options: dict[str, Any] = {
         "processor": "redis",
-        "redis_url": url,
+        "redis_url": server.url,
+        "redis_ca_file": ca_file(server),
         "sidecar_timeout_ms": TIMEOUT_MS,
         "sidecar_max_queue": MAX_QUEUE,
         "source": "flag",
@@ -107,7 +134,7 @@ def redis_settings(url: str, **overrides: Any) -> MmSettings:
 async def worker(
     vlm_llm: Any, serve_llm: Any, redis_server: RedisServer, sidecar: Any
 ) -> AsyncIterator[tuple[Any, Any]]:
-    async with serve_llm(vlm_llm, redis_settings(redis_server.url)) as stack:
+    async with serve_llm(vlm_llm, redis_settings(redis_server)) as stack:
         yield stack
 
 
@@ -120,7 +147,7 @@ async def inprocess(vlm_llm: Any, serve_llm: Any) -> AsyncIterator[tuple[Any, An
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def control(redis_server: RedisServer) -> AsyncIterator[Any]:
-    client = connect(redis_server.url)
+    client = connect(redis_server.url, RedisTls(ca_file(redis_server)))
     yield client
     await client.aclose()
 
@@ -200,7 +227,7 @@ async def test_the_worker_advertises_redis_and_never_shows_the_password(
     assert PASSWORD.encode() not in info.SerializeToString()
     assert PASSWORD not in caplog.text
     assert PASSWORD not in sidecar["now"].log()
-    assert "***@127.0.0.1" in sidecar["now"].log()
+    assert f"rediss://{USER}:***@127.0.0.1" in sidecar["now"].log()
 
 
 async def test_a_client_fault_in_the_sidecar_is_invalid_argument(worker, ids) -> None:
@@ -212,6 +239,106 @@ async def test_a_client_fault_in_the_sidecar_is_invalid_argument(worker, ids) ->
         error = await refused(stub, media_request(ids["one"], url))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert details(error).startswith(f"{code}: "), error.details()
+
+
+# TLS, the ACL user and the password ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def worker_logs() -> Iterator[list[logging.LogRecord]]:
+    """Every record our packages log meanwhile (the servicer routes them through vLLM's handlers,
+    not the root logger that caplog watches)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.DEBUG)
+    names = ("smg_servicer_vllm", "smg_servicer_core", "smg_servicer_mm_sidecar", "vllm", "")
+    loggers = [logging.getLogger(name) for name in names]
+    for one in loggers:
+        one.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for one in loggers:
+            one.removeHandler(handler)
+
+
+def text_of(records: list[logging.LogRecord]) -> str:
+    return "\n".join(record.getMessage() for record in records)
+
+
+async def test_the_worker_serves_over_tls_and_logs_the_url_redacted(
+    vlm_llm, serve_llm, redis_server, sidecar, ids
+) -> None:
+    with worker_logs() as records:
+        async with serve_llm(vlm_llm, redis_settings(redis_server)) as (_, stub):
+            await until_advertised(stub, "redis", within_s=ADVERTISED_S)
+            want, _ = await reference(vlm_llm, ids["one"], [IMAGE_A])
+            got = await complete(stub, media_request(ids["one"], data_url(IMAGE_A)))
+    assert list(got.output_ids) == want
+    logged = text_of(records)
+    assert f"rediss://{USER}:***@127.0.0.1:{redis_server.port}/0" in logged
+    assert PASSWORD not in logged and PASSWORD not in sidecar["now"].log()
+
+
+async def test_a_wrong_password_or_ca_stops_the_worker_with_exit_2(
+    vlm_llm, redis_server, cas
+) -> None:
+    from smg_grpc_servicer.vllm.servicer import VllmEngineServicer
+
+    wrong_password = redis_settings(redis_server, redis_url=redis_server.url_as(USER, "wr0ng-pw"))
+    wrong_ca = redis_settings(redis_server, redis_ca_file=str(cas["other"].cert))
+    for settings, why in [
+        (wrong_password, "refused the user name or password"),
+        (wrong_ca, "the server's certificate does not verify"),
+    ]:
+        with worker_logs() as records, pytest.raises(SystemExit) as stopped:
+            VllmEngineServicer(vlm_llm, time.time(), settings)
+        assert stopped.value.code == 2
+        (error,) = [r for r in records if r.levelno >= logging.ERROR]
+        message = error.getMessage()
+        assert "\n" not in message and why in message, message
+        assert f"rediss://{USER}:***@127.0.0.1:{redis_server.port}/0" in message
+        assert "wr0ng-pw" not in text_of(records) and PASSWORD not in text_of(records)
+
+
+async def test_a_wrong_password_or_ca_stops_the_sidecar_with_exit_2(
+    tiny_vlm, redis_server, cas
+) -> None:
+    prog = "python -m smg_grpc_servicer.vllm.mm_sidecar"
+
+    def run(
+        url: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "smg_grpc_servicer.vllm.mm_sidecar", "--model"]
+        command += [str(tiny_vlm), "--redis-url", url, *sidecar_args(), *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=300, check=False,
+            env={**environment(), **(env or {})},
+        )  # fmt: skip
+
+    # The CA by its variable here (the flag in the other case and the module's sidecars).
+    runs = await asyncio.gather(
+        asyncio.to_thread(
+            run, redis_server.url_as(USER, "wr0ng-pw"), "--redis-ca-file", ca_file(redis_server)
+        ),
+        asyncio.to_thread(
+            run, redis_server.url, env={"SMG_VLLM_MM_REDIS_CA_FILE": str(cas["other"].cert)}
+        ),
+    )
+    for done, why in zip(
+        runs, ["refused the user name or password", "certificate does not verify"], strict=True
+    ):
+        assert done.returncode == 2, done.stderr[-2000:]
+        lines = [line for line in done.stderr.splitlines() if line.startswith(prog)]
+        assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
+        assert lines[0].startswith(f"{prog}: --redis-url rediss://{USER}:***@127.0.0.1:")
+        assert done.stderr.rstrip().endswith(lines[0])  # the last word, before vLLM is built
+        assert "wr0ng-pw" not in done.stdout + done.stderr
+        assert PASSWORD not in done.stdout + done.stderr
 
 
 # Faults -----------------------------------------------------------------------------------------
@@ -243,7 +370,7 @@ async def test_a_job_past_its_deadline_is_not_processed(
 async def test_a_forged_hello_and_a_forged_result(
     vlm_llm, serve_llm, redis_server, control, ids
 ) -> None:
-    settings = redis_settings(redis_server.url, sidecar_namespace="forge", sidecar_max_queue=2)
+    settings = redis_settings(redis_server, sidecar_namespace="forge", sidecar_max_queue=2)
     async with serve_llm(vlm_llm, settings) as (servicer, stub):
         keys = keys_of(servicer)
         ours = fingerprint_of_worker(servicer)
@@ -325,7 +452,7 @@ async def test_a_result_over_the_cap_is_media_too_large(
         limit='{"image": {"count": 2}}',
         env={"SMG_VLLM_MM_MAX_RESULT_BYTES": "4096"},
     )
-    settings = redis_settings(redis_server.url, sidecar_namespace="small")
+    settings = redis_settings(redis_server, sidecar_namespace="small")
     async with serve_llm(vlm_llm, settings) as (_, stub):
         await until_advertised(stub, "redis", within_s=ADVERTISED_S)
         error = await refused(stub, media_request(ids["one"], data_url(IMAGE_A)))
@@ -362,7 +489,7 @@ async def test_the_sidecar_killed_mid_job(  # noqa: PLR0917
     worker, sidecar, start_sidecar, media_server, vlm_llm, serve_llm, redis_server, ids
 ) -> None:
     _, stub = worker
-    short = redis_settings(redis_server.url, sidecar_timeout_ms=SHORT_TIMEOUT_MS)
+    short = redis_settings(redis_server, sidecar_timeout_ms=SHORT_TIMEOUT_MS)
     async with serve_llm(vlm_llm, short) as (_, short_stub):
         await until_advertised(short_stub, "redis", within_s=ADVERTISED_S)
         sent = time.monotonic()

@@ -112,6 +112,15 @@ def test_every_flag_on_vllm_serve_grpc() -> None:
     assert (launch.metrics["metrics_port"], launch.metrics["metrics_host"]) == (9100, "127.0.0.1")
 
 
+def test_the_parsed_arguments_hide_the_redis_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's launcher logs its parsed arguments (``vLLM gRPC server args: Namespace(...)``)."""
+    url = "rediss://alice:s3cret@10.0.0.1:6380/1"
+    args = launcher_parser(monkeypatch).parse_args(["--model", MODEL, "--mm-redis-url", url])
+    assert "s3cret" not in f"{args}" and "alice:***@10.0.0.1:6380" in f"{args}"
+    launch = plugin.launcher_settings()
+    assert launch is not None and str(launch.mm.redis_url) == str(args.mm_redis_url) == url
+
+
 def test_the_launcher_module_gets_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     args = launcher_parser(monkeypatch).parse_args(["--model", MODEL, "--mm-processor", "off"])
     assert args.mm_processor == "off"
@@ -182,7 +191,7 @@ def test_the_video_frame_cap_is_env_only(monkeypatch: pytest.MonkeyPatch) -> Non
         (["--mm-processor", "gpu"], {}, "expected one of off, inprocess, redis"),
         (["--mm-max-inflight", "0"], {}, "--mm-max-inflight: must be a positive integer"),
         (["--mm-max-items", "image=two"], {}, "--mm-max-items: invalid value"),
-        (["--mm-redis-url", "http://x"], {}, "--mm-redis-url: invalid value"),
+        (["--mm-redis-url", "http://x"], {}, "--mm-redis-url: expected a redis://"),
         ([], {"SMG_VLLM_MM_SIDECAR_TIMEOUT_MS": "soon"}, "SMG_VLLM_MM_SIDECAR_TIMEOUT_MS: invalid"),
         ([], {"SMG_VLLM_MM_MAX_VIDEO_FRAMES": "-1"}, "SMG_VLLM_MM_MAX_VIDEO_FRAMES: must be 0"),
         (["--metrics-port", "70000"], {}, "--metrics-port: must be a TCP port"),

@@ -17,6 +17,13 @@ code                     when                                               stat
 ``fingerprint_mismatch`` a result made for another configuration            UNAVAILABLE
 =======================  =================================================  ===============
 
+Both sides connect with :func:`connect` (``rediss://`` is TLS; :class:`RedisTls` names the CA
+that verifies the server and a client certificate for ``tls-auth-clients yes``) and check the
+link once at start with :func:`check_redis`: credentials or TLS that Redis refuses raise
+:class:`RedisRejected` (a configuration error: the launchers exit 2), while a Redis that cannot be
+reached yet is only reported (it may come up later; requests are UNAVAILABLE meanwhile). No
+message here carries the URL: the callers name it with its password redacted.
+
 A result with ``ok=False`` raises its own code. A job given up (timeout, cancel) is taken back
 from the queue and its result key deleted in the background, so the sidecar skips the work and
 no key outlives the wait; a result pushed after that expires with its TTL.
@@ -26,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from smg_servicer_mm_sidecar.protocol import (
@@ -59,14 +68,107 @@ T = TypeVar("T")
 PROBE_MAX_AGE_S = 1.0
 
 
-def connect(url: str) -> Any:
+#: The start-up check's bound on connecting, the TLS handshake and the PING.
+CHECK_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """The files of a ``rediss://`` link (PEM paths; ``None``: not given). ``ca_file`` verifies
+    the server's certificate (unset: the system's CAs); ``cert_file`` and ``key_file`` are the
+    client certificate a Redis with ``tls-auth-clients yes`` asks for. The server's name is
+    always checked against its certificate."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """redis-py's ``ssl_*`` options for the files given."""
+        named = {
+            "ssl_ca_certs": self.ca_file,
+            "ssl_certfile": self.cert_file,
+            "ssl_keyfile": self.key_file,
+        }
+        return {key: value for key, value in named.items() if value}
+
+
+class RedisRejected(Exception):
+    """Redis refused this client for a reason no retry mends: the user name or password, the
+    ACL, or the TLS handshake (a server certificate the CA does not verify, a client
+    certificate refused, TLS spoken to a plain port). The message is one line, without the URL."""
+
+
+def connect(url: str, tls: RedisTls | None = None) -> Any:
     """An asyncio Redis client for ``url`` as both sides use it (1 s connect, no read timeout:
-    the blocking pops carry their own bound)."""
+    the blocking pops carry their own bound); ``tls``: the files of a ``rediss://`` link."""
     import redis.asyncio  # noqa: PLC0415 - the protocol module must import without redis
 
+    options = tls.client_options() if tls is not None else {}
     return redis.asyncio.Redis.from_url(  # pyright: ignore[reportUnknownMemberType]
-        url, socket_connect_timeout=1, socket_timeout=None, decode_responses=False
+        url, socket_connect_timeout=1, socket_timeout=None, decode_responses=False, **options
     )
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS failure behind a redis-py error (it raises its own ConnectionError in the
+    ``except`` block of the socket's, so the SSL error is the context)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _tls_reason(error: ssl.SSLError) -> str:
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"the server's certificate does not verify: {error.verify_message}"
+    reason = error.reason or type(error).__name__
+    # Without a client certificate a server that demands one alerts or, as often, just closes.
+    if "CERTIFICATE_REQUIRED" in reason or isinstance(error, ssl.SSLEOFError):
+        return f"{reason}: a Redis with tls-auth-clients asks for a client certificate"
+    return reason
+
+
+def check_redis(
+    url: str, tls: RedisTls | None = None, timeout_s: float = CHECK_TIMEOUT_S
+) -> str | None:
+    """One PING over a synchronous connection made as :func:`connect` makes it (TLS, user,
+    password, db), no retry. ``None``: Redis answered. A short reason: Redis cannot be reached
+    now (refused, timed out, closed). Raises :class:`RedisRejected` when it refused us."""
+    import redis  # noqa: PLC0415
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+    from redis.exceptions import (  # noqa: PLC0415
+        AuthenticationError,
+        AuthenticationWrongNumberOfArgsError,
+        NoPermissionError,
+        RedisError,
+    )
+    from redis.retry import Retry  # noqa: PLC0415
+
+    options = tls.client_options() if tls is not None else {}
+    client: Any = redis.Redis.from_url(  # pyright: ignore[reportUnknownMemberType]
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        **options,
+    )
+    try:
+        client.ping()
+    except (AuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
+        raise RedisRejected(f"Redis refused the user name or password ({exc})") from None
+    except NoPermissionError as exc:
+        raise RedisRejected(f"the Redis user may not run PING ({exc})") from None
+    except (RedisError, OSError) as exc:
+        tls_error = _ssl_error(exc)
+        if tls_error is not None:
+            raise RedisRejected(f"the TLS handshake failed ({_tls_reason(tls_error)})") from None
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    finally:
+        client.close()
+    return None
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:

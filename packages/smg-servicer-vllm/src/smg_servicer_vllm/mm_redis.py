@@ -5,6 +5,12 @@
 placeholder spans, ids) and has :mod:`._mm_engine` rebuild vLLM's engine input from it (the
 ``MultiModalKwargsItem`` blobs decoded, floating tensors cast to the model's dtype). The sidecar's
 side is :mod:`smg_servicer_vllm.mm_sidecar`; the protocol is smg-servicer-mm-sidecar's.
+
+At start (:func:`check_redis_at_start`, in the servicer's constructor) one PING tells a Redis
+that refuses us (the user name or password, the ACL, the TLS handshake: a configuration error,
+exit 2) from one that cannot be reached yet (a warning; media refs are UNAVAILABLE until it
+answers, as they are whenever Redis goes away while serving). The URL is only ever logged with
+its password redacted.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from smg_servicer_mm_sidecar.protocol import (
     client_message,
 )
 from smg_servicer_vllm.mm import MediaItem, accepted_schemes
-from smg_servicer_vllm.mm_settings import MmSettings, redact_url
+from smg_servicer_vllm.mm_settings import MmSettings, redact_url, redis_tls
 
 logger = logging.getLogger(__name__)
 #: A placeholder as the engine side takes it: offset, length, embed mask (None: every position).
@@ -39,6 +45,25 @@ def as_servicer_error(exc: SidecarError) -> ServicerError:
     if exc.status == "INTERNAL":  # a timeout: the router must not spend the budget again
         return ServicerError(message)
     return Unavailable(message)
+
+
+def check_redis_at_start(settings: MmSettings) -> None:
+    """Raise ``ConfigError`` when Redis refuses us; log a warning when it cannot be reached."""
+    from smg_servicer_mm_sidecar.client import RedisRejected, check_redis  # noqa: PLC0415
+
+    url = settings.redis_url
+    tls = redis_tls(url, settings.tls)
+    try:
+        problem = check_redis(url, tls)
+    except RedisRejected as exc:
+        raise ConfigError(f"--mm-redis-url {redact_url(url)}: {exc}") from None
+    if problem:
+        logger.warning(
+            "the multimodal sidecar's Redis %s cannot be reached now (%s); media refs are "
+            "UNAVAILABLE until it answers",
+            redact_url(url),
+            problem,
+        )
 
 
 class RedisProcessor:
@@ -57,12 +82,13 @@ class RedisProcessor:
         try:
             from smg_servicer_mm_sidecar.client import SidecarClient, connect  # noqa: PLC0415
 
-            redis = connect(settings.redis_url)
+            redis = connect(settings.redis_url, redis_tls(settings.redis_url, settings.tls))
         except ImportError as exc:
             raise ConfigError(
                 "--mm-processor redis needs the Redis client: "
                 "pip install 'smg-servicer-vllm[redis]'"
             ) from exc
+        check_redis_at_start(settings)
         from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - the engine side (vLLM, torch)
 
         self._engine_side = _mm_engine

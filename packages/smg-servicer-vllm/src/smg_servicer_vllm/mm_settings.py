@@ -1,10 +1,12 @@
 """``MmSettings``: the worker-side multimodal settings of a vLLM gRPC worker. Engine-free.
 
 Eight settings have a flag (``--mm-*``, added to vLLM's gRPC parsers by the plugin) and a
-deprecated ``SMG_VLLM_MM_*`` variable; ``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` is a variable only. Each
-resolves flag > environment (one deprecation line) > default, and every one is parsed and
-validated at start whatever the processor mode, so a stale unreadable value fails the start
-(:class:`~smg_servicer_core.errors.ConfigError`: one line, exit 2) instead of the first request.
+deprecated ``SMG_VLLM_MM_*`` variable; the three files of a ``rediss://`` link have a flag and a
+current variable (they are new; the sidecar reads the same ones); ``SMG_VLLM_MM_MAX_VIDEO_FRAMES``
+is a variable only. Each resolves flag > environment (one deprecation line for a deprecated
+variable) > default, and every one is parsed and validated at start whatever the processor mode,
+so a stale unreadable value fails the start (:class:`~smg_servicer_core.errors.ConfigError`: one
+line, exit 2) instead of the first request.
 
 =========================  ==================================  =============================
 flag                       variable                            default
@@ -17,6 +19,9 @@ flag                       variable                            default
 ``--mm-sidecar-timeout-ms``  ``SMG_VLLM_MM_SIDECAR_TIMEOUT_MS``  30000
 ``--mm-sidecar-max-queue``   ``SMG_VLLM_MM_SIDECAR_MAX_QUEUE``   256
 ``--mm-sidecar-namespace``   ``SMG_VLLM_MM_SIDECAR_NAMESPACE``   derived from the fingerprint
+``--mm-redis-ca-file``       ``SMG_VLLM_MM_REDIS_CA_FILE``       unset: the system's CAs
+``--mm-redis-cert-file``     ``SMG_VLLM_MM_REDIS_CERT_FILE``     unset: no client certificate
+``--mm-redis-key-file``      ``SMG_VLLM_MM_REDIS_KEY_FILE``      unset (with the certificate)
 —                          ``SMG_VLLM_MM_MAX_VIDEO_FRAMES``    0 (vLLM's ``--media-io-kwargs``)
 =========================  ==================================  =============================
 
@@ -27,18 +32,27 @@ off) lets media URLs reach loopback and link-local hosts, which are refused by d
 
 ``--mm-max-items`` is either one count for every modality (``4``) or per modality
 (``image=4,video=1``).
+
+The Redis URL may carry an ACL user and password (``rediss://user:password@host:port/db``); it
+is held as a :class:`RedisUrl`, whose ``repr`` (logs, ``describe()``, config errors, vLLM's own
+log of its parsed arguments) shows ``user:***@``. The TLS files need a ``rediss://`` URL, and the
+certificate and key go together (:func:`redis_tls`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from smg_servicer_core.config import Setting, Source, parse_bool, resolve
+from smg_servicer_core.errors import ConfigError
+from smg_servicer_mm_sidecar.client import RedisTls
 
 Mode = Literal["off", "inprocess", "redis"]
 MODES: tuple[Mode, ...] = ("off", "inprocess", "redis")
@@ -87,11 +101,40 @@ def _limits_valid(value: Mapping[str, int] | None) -> str | None:
     return None
 
 
-def _redis_url(raw: str) -> str:
-    value = raw.strip()
-    parts = urlsplit(value)
+class RedisUrl(str):
+    """A Redis URL whose ``repr`` hides its password (``user:***@``); ``str()`` is the URL."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(redact_url(str(self)))
+
+
+def _redis_url(raw: str) -> RedisUrl:
+    """Any text: the checks are in :func:`_redis_url_problem`, whose message core shows with
+    the value's ``repr`` (redacted), where a parse error would show the raw text."""
+    return RedisUrl(raw.strip())
+
+
+def _redis_url_problem(value: str) -> str | None:
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number raises
+    except ValueError:
+        return "expected a redis://, rediss:// or unix:// URL"
     if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
-        raise ValueError("expected a redis://, rediss:// or unix:// URL")
+        return "expected a redis://, rediss:// or unix:// URL"
+    return None
+
+
+def _pem_file(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not os.path.isfile(value):
+        raise ValueError("no such file")
+    if not os.access(value, os.R_OK):
+        raise ValueError("the file is not readable")
     return value
 
 
@@ -105,15 +148,55 @@ def _namespace(raw: str) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user name and password replaced by ``***`` (for logs and labels)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
+    """``url`` with its password replaced by ``***`` (``user:***@host``, for logs and labels);
+    a URL that cannot be read is replaced whole."""
+    try:
+        parts = urlsplit(str(url))
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "<an unreadable URL>"
+    if parts.password is None:
+        return str(url)
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
-    return urlunsplit(parts._replace(netloc=f"***@{host}{port}"))
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def redis_tls(
+    url: str,
+    tls: RedisTls,
+    flags: tuple[str, str, str] = (
+        "--mm-redis-ca-file",
+        "--mm-redis-cert-file",
+        "--mm-redis-key-file",
+    ),
+) -> RedisTls:
+    """``tls`` checked against ``url`` (``flags``: the names of its three files in messages):
+    the files need a ``rediss://`` URL, the certificate and key go together, the CA file holds
+    certificates and the key matches the certificate. Raises ``ConfigError`` (one line)."""
+    ca, cert, key = flags
+    paths = (tls.ca_file, tls.cert_file, tls.key_file)
+    given = [flag for flag, path in zip(flags, paths, strict=True) if path]
+    if given and urlsplit(str(url)).scheme != "rediss":
+        raise ConfigError(f"{', '.join(given)}: needs a rediss:// URL (got {redact_url(url)})")
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(f"{cert} and {key} go together")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if tls.ca_file:
+            context.load_verify_locations(cafile=tls.ca_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(f"{ca}: not a PEM CA certificate ({tls.ca_file}: {exc})") from None
+    try:
+        if tls.cert_file and tls.key_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{cert}/{key}: not a PEM certificate and its key ({tls.cert_file}: {exc})"
+        ) from None
+    return tls
 
 
 @dataclass(frozen=True)
@@ -183,6 +266,31 @@ SETTINGS: tuple[Setting[Any], ...] = (
         flag="--mm-redis-url",
         env="SMG_VLLM_MM_REDIS_URL",
         env_deprecated=True,
+        validate=_redis_url_problem,
+    ),
+    Setting(
+        "mm_redis_ca_file",
+        _pem_file,
+        None,
+        "the CA (PEM) that verifies a rediss:// server (unset: the system's CAs)",
+        flag="--mm-redis-ca-file",
+        env="SMG_VLLM_MM_REDIS_CA_FILE",
+    ),
+    Setting(
+        "mm_redis_cert_file",
+        _pem_file,
+        None,
+        "the client certificate (PEM) for a Redis with tls-auth-clients",
+        flag="--mm-redis-cert-file",
+        env="SMG_VLLM_MM_REDIS_CERT_FILE",
+    ),
+    Setting(
+        "mm_redis_key_file",
+        _pem_file,
+        None,
+        "the key (PEM) of --mm-redis-cert-file",
+        flag="--mm-redis-key-file",
+        env="SMG_VLLM_MM_REDIS_KEY_FILE",
     ),
     Setting(
         "mm_sidecar_timeout_ms",
@@ -243,6 +351,9 @@ class MmSettings:
     max_items: Mapping[str, int] | None = None
     max_item_bytes: int = 32 * MiB
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
     sidecar_timeout_ms: int = 30000
     sidecar_max_queue: int = 256
     sidecar_namespace: str | None = None
@@ -253,6 +364,7 @@ class MmSettings:
     sources: Mapping[str, Source] = field(default_factory=dict[str, Source])
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "redis_url", RedisUrl(self.redis_url))  # a redacted repr
         for setting in SETTINGS:
             raw = getattr(self, setting.name.removeprefix("mm_"))
             problem = setting.validate(raw) if setting.validate else None
@@ -261,14 +373,17 @@ class MmSettings:
         if self.processor not in MODES:
             raise ValueError(f"MmSettings.processor must be one of {', '.join(MODES)}")
 
+    @property
+    def tls(self) -> RedisTls:
+        """The files of a ``rediss://`` link to the sidecar's Redis."""
+        return RedisTls(self.redis_ca_file, self.redis_cert_file, self.redis_key_file)
+
     def describe(self) -> str:
         """One line for the log, the Redis URL redacted."""
         parts: list[str] = []
         for setting in SETTINGS:
             name = setting.name.removeprefix("mm_")
             value: Any = getattr(self, name)
-            if name == "redis_url":
-                value = redact_url(value)
             parts.append(f"{name}={value!r} ({self.sources.get(name, 'default')})")
         return ", ".join(parts)
 
@@ -289,4 +404,6 @@ def resolve_mm_settings(
     sources: dict[str, Source] = {
         name.removeprefix("mm_"): resolved.source(name) for name in resolved
     }
-    return MmSettings(**values, source=resolved.source("mm_processor"), sources=sources)
+    settings = MmSettings(**values, source=resolved.source("mm_processor"), sources=sources)
+    redis_tls(settings.redis_url, settings.tls)
+    return settings

@@ -44,8 +44,10 @@ class RedisServer:
         password: str | None = None,
         user: str | None = None,
         tls: RedisTlsFiles | None = None,
+        acl: tuple[str, ...] = ("~*", "&*", "+@all"),
         start_timeout_s: float = 15.0,
     ) -> None:
+        """``acl``: the rules of ``user`` (default: every key, channel and command)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(INSTALL_HINT)
@@ -56,6 +58,7 @@ class RedisServer:
         self.password = password
         self.user = user
         self.tls = tls
+        self.acl = acl
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: collections.deque[bytes] = collections.deque(maxlen=200)
@@ -81,7 +84,7 @@ class RedisServer:
         cmd += ["--appendonly", "no", "--loglevel", "notice"]
         if self.user is not None:
             cmd += ["--user", "default", "off"]
-            cmd += ["--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all"]
+            cmd += ["--user", self.user, "on", f">{self.password}", *self.acl]
         elif self.password:
             cmd += ["--requirepass", self.password]
         return cmd

@@ -4,6 +4,7 @@
 ::
 
     python -m smg_grpc_servicer.vllm.mm_sidecar --model M --redis-url URL [--namespace NS]
+        [--redis-ca-file CA.pem] [--redis-cert-file C.pem --redis-key-file K.pem]
         [--concurrency 2] [--allowed-media-domains ...] [--allow-private-media-hosts]
         <vLLM engine args>
 
@@ -17,9 +18,13 @@ unspecified or multicast addresses are refused as on the worker (:mod:`..media_g
 ``domain_not_allowed``); ``--allow-private-media-hosts`` (``SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS``)
 allows loopback and link-local.
 
-``--redis-url`` and ``--namespace`` resolve like the worker's ``--mm-redis-url`` and
-``--mm-sidecar-namespace``: flag, then ``SMG_VLLM_MM_REDIS_URL`` /
+``--redis-url``, ``--redis-{ca,cert,key}-file`` and ``--namespace`` resolve like the worker's
+``--mm-redis-url``, ``--mm-redis-{ca,cert,key}-file`` and ``--mm-sidecar-namespace``: flag, then
+``SMG_VLLM_MM_REDIS_URL`` / ``SMG_VLLM_MM_REDIS_{CA,CERT,KEY}_FILE`` /
 ``SMG_VLLM_MM_SIDECAR_NAMESPACE``, then the default (the namespace derived from the fingerprint).
+Before vLLM's processor is built, one PING checks the link: a Redis that refuses the user name,
+password, ACL or TLS handshake is a configuration error (one line, exit 2); one that cannot be
+reached yet is a warning (the loops retry). The URL is only logged with its password redacted.
 ``SMG_VLLM_MM_MAX_RESULT_BYTES`` (512 MiB) caps an encoded result and
 ``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` caps video sampling. SIGTERM or SIGINT: ``hello`` is removed,
 every loop finishes the job it holds, exit 0. A bad setting: one line, exit 2.
@@ -38,7 +43,7 @@ from typing import Any
 
 from smg_servicer_core.config import environment, resolve
 from smg_servicer_core.errors import ConfigError, InvalidRequest
-from smg_servicer_mm_sidecar.client import connect
+from smg_servicer_mm_sidecar.client import RedisRejected, RedisTls, check_redis, connect
 from smg_servicer_mm_sidecar.protocol import (
     SCHEMA,
     Job,
@@ -50,8 +55,8 @@ from smg_servicer_mm_sidecar.protocol import (
 from smg_servicer_mm_sidecar.service import Sidecar
 from smg_servicer_vllm import _mm_engine
 from smg_servicer_vllm.mm import MediaItem, MediaRefused, MediaUnavailable
-from smg_servicer_vllm.mm_settings import MmSettings, redact_url
-from smg_servicer_vllm.mm_sidecar.settings import SETTINGS
+from smg_servicer_vllm.mm_settings import MmSettings, RedisUrl, redact_url, redis_tls
+from smg_servicer_vllm.mm_sidecar.settings import SETTINGS, TLS_FLAGS
 
 #: How the sidecar's refusals name its private-hosts opt-in.
 OPT_IN_FLAG = "--allow-private-media-hosts"
@@ -181,6 +186,17 @@ async def serve(sidecar: Sidecar) -> None:
     logger.info("mm sidecar stopped (%s)", sidecar.counters)
 
 
+def check_at_start(url: str, tls: RedisTls) -> None:
+    """Exit 2 (one line) when Redis refuses us; a warning when it cannot be reached yet."""
+    try:
+        problem = check_redis(url, tls)
+    except RedisRejected as exc:
+        print(f"{PROG}: --redis-url {redact_url(url)}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if problem:
+        logger.warning("Redis %s cannot be reached now (%s); retrying", redact_url(url), problem)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -189,14 +205,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     namespace = parser.parse_args(argv)
     try:
         resolved = resolve(SETTINGS, namespace, environment())
+        url: RedisUrl = resolved["redis_url"]
+        files = (resolved[f"redis_{kind}_file"] for kind in ("ca", "cert", "key"))
+        tls = redis_tls(url, RedisTls(*files), TLS_FLAGS)
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        redis = connect(resolved["redis_url"])  # no connection yet: the loops make it
+        redis = connect(url, tls)  # no connection yet: the loops make it
     except ImportError:
         print(f"{PROG}: needs the Redis client: pip install {REDIS_EXTRA}", file=sys.stderr)
         raise SystemExit(2) from None
+    check_at_start(url, tls)
+    namespace.redis_url = url  # vLLM may log the namespace: the URL's repr hides its password
 
     logger.info("building vLLM's configuration and processor for %s", namespace.model)
     vllm_config, renderer = _mm_engine.sidecar_renderer(namespace)
@@ -222,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "mm sidecar serving %s: Redis %s, namespace %s (%s), concurrency %d, schemes %s, "
         "max result %d bytes",
         namespace.model,
-        redact_url(resolved["redis_url"]),
+        redact_url(url),
         sidecar.keys.namespace,
         resolved.source("namespace"),
         resolved["concurrency"],

@@ -1,6 +1,8 @@
-"""The sidecar's own settings, engine-free. ``--redis-url`` and ``--namespace`` are the worker's
-``--mm-redis-url`` / ``--mm-sidecar-namespace`` settings under the sidecar's flag names: the same
-variables (``SMG_VLLM_MM_REDIS_URL``, ``SMG_VLLM_MM_SIDECAR_NAMESPACE``), the same parsing and
+"""The sidecar's own settings, engine-free. ``--redis-url``, ``--redis-ca-file``,
+``--redis-cert-file``, ``--redis-key-file`` and ``--namespace`` are the worker's
+``--mm-redis-url`` / ``--mm-redis-{ca,cert,key}-file`` / ``--mm-sidecar-namespace`` settings under
+the sidecar's flag names: the same variables (``SMG_VLLM_MM_REDIS_URL``,
+``SMG_VLLM_MM_REDIS_CA_FILE``, ..., ``SMG_VLLM_MM_SIDECAR_NAMESPACE``), the same parsing and
 checks, so the two processes cannot resolve them differently. ``--allow-private-media-hosts`` is
 the worker's ``--mm-allow-private-media-hosts`` (``SMG_VLLM_MM_ALLOW_PRIVATE_MEDIA_HOSTS``)."""
 
@@ -20,8 +22,15 @@ def _positive(value: int) -> str | None:
     return None if value > 0 else "must be a positive integer"
 
 
+#: The names of the TLS files in the sidecar's messages (the worker's are ``--mm-redis-*``).
+TLS_FLAGS = ("--redis-ca-file", "--redis-cert-file", "--redis-key-file")
+
 SETTINGS: tuple[Setting[Any], ...] = (
     dataclasses.replace(_WORKER["mm_redis_url"], name="redis_url", flag="--redis-url"),
+    *(
+        dataclasses.replace(_WORKER[f"mm_redis_{kind}_file"], name=f"redis_{kind}_file", flag=flag)
+        for kind, flag in zip(("ca", "cert", "key"), TLS_FLAGS, strict=True)
+    ),
     dataclasses.replace(
         _WORKER["mm_sidecar_namespace"],
         name="namespace",
