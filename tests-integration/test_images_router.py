@@ -28,24 +28,8 @@ PROMPT_TEXT = "describe this picture"
 
 
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("router-media")
-    (folder / "a.png").write_bytes(png_image(40, 50, seed=1))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def vlm_worker(tiny_vlm: Path, media_dir: Path) -> Iterator[Worker]:
-    extra = (
-        "--mm-processor",
-        "inprocess",
-        "--allowed-local-media-path",
-        str(media_dir),
-        "--limit-mm-per-prompt",
-        '{"image": 2}',
-    )
-    with vllm_worker(tiny_vlm, free_port(), *extra) as worker:
-        yield worker
+def media_dir(vlm_media_dir: Path) -> Path:
+    return vlm_media_dir
 
 
 @pytest.fixture(scope="module")

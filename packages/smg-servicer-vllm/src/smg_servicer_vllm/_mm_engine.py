@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import pairwise
 from typing import Any
 
@@ -90,10 +91,20 @@ def to_torch(raw: RawTensor) -> torch.Tensor:
 
 
 def _placeholders(
-    batch: Any, where: str, ids: Sequence[int], count: int, max_embeds: int | None
+    batch: Any,
+    where: str,
+    ids: Sequence[int],
+    expected: Sequence[int | None],
+    max_embeds: int | None,
 ) -> list[PlaceholderRange]:
+    """One range per item, checked: inside the prompt, its embedding positions (``im_token_id``
+    positions, or the whole range without one) exactly what the encoder makes of the item
+    (``expected``, None where the model gives no way to know) and at most ``max_embeds``."""
     ranges: list[PlaceholderRange] = []
     token = int(batch.im_token_id) if batch.HasField("im_token_id") else None
+    if len(batch.mm_placeholders) != len(expected):
+        raise InvalidRequest(f"{where}: {len(batch.mm_placeholders)} placeholders for "
+                             f"{len(expected)} items")  # fmt: skip
     for i, placeholder in enumerate(batch.mm_placeholders):
         offset, length = int(placeholder.offset), int(placeholder.length)
         if length <= 0 or offset + length > len(ids):
@@ -112,6 +123,16 @@ def _placeholders(
             if not bool(mask.all()):
                 is_embed = mask
         embeds = int(is_embed.sum()) if is_embed is not None else length
+        want = expected[i]
+        if want is not None and embeds != want:
+            # vLLM takes the run as given: a longer one fails inside the engine and kills it, a
+            # shorter one gets the first embeddings only (the rest silently dropped).
+            relation = "more" if embeds > want else "fewer"
+            raise InvalidRequest(
+                f"{where}.mm_placeholders[{i}]: {embeds} embedding positions, {relation} than "
+                f"the {want} the encoder produces for this item (count the im_token_id "
+                "positions in the range, or its whole length without im_token_id)"
+            )
         if max_embeds is not None and embeds > max_embeds:
             # More positions than the encoder fills would fail inside the engine and kill it.
             raise InvalidRequest(
@@ -119,8 +140,6 @@ def _placeholders(
                 f"{max_embeds} this model produces for one item"
             )
         ranges.append(PlaceholderRange(offset=offset, length=length, is_embed=is_embed))
-    if len(ranges) != count:
-        raise InvalidRequest(f"{where}: {len(ranges)} placeholders for {count} items")
     return ranges
 
 
@@ -131,6 +150,16 @@ def _tensors(batch: Any, where: str, modality: str, model_dtype: torch.dtype) ->
     if modality == "video" and key == "pixel_values":
         key = "pixel_values_videos"
     tensors = {key: to_torch(read_tensor(batch.pixel_values, f"{where}.pixel_values"))}
+    pixels = tensors[key]
+    if pixels.is_floating_point() and pixels.dim() > 1 and pixels.shape[0]:
+        # Idefics2/3-style towers drop an all-zero tile as padding: the item then makes no
+        # embeddings and the engine fails on it and dies. A real image never normalizes to
+        # exact zeros everywhere (the means are not on the 8-bit grid).
+        empty = (pixels.reshape(pixels.shape[0], -1) == 0).all(dim=1)
+        if bool(empty.any()):
+            raise InvalidRequest(
+                f"{where}.pixel_values[{int(empty.nonzero()[0])}]: the tile is all zeros"
+            )
     total = tensors[key].numel() * tensors[key].element_size()
     for name in sorted(batch.model_specific_tensors):
         if name in tensors:
@@ -161,6 +190,17 @@ def _field_config(
                     f"{where}: flat key {name!r} names sizes tensor "
                     f"{batch.flat_keys[name]!r}, which is missing or not an integer tensor"
                 )
+            if sizes.dim() > 1 or bool((sizes < 0).any()):
+                raise InvalidRequest(
+                    f"{where}: sizes tensor {batch.flat_keys[name]!r} must be one non-negative "
+                    "size per item"
+                )
+            rows = int(tensors[name].shape[0]) if tensors[name].dim() else -1
+            if int(sizes.sum()) != rows:
+                raise InvalidRequest(
+                    f"{where}: sizes tensor {batch.flat_keys[name]!r} adds up to "
+                    f"{int(sizes.sum())}, {name} has {rows} rows"
+                )
             config[name] = MultiModalFieldConfig.flat_from_sizes(
                 modality, sizes.reshape(-1), keep_on_cpu=on_cpu
             )
@@ -181,6 +221,8 @@ def _batch(
     modality = MODALITY_NAMES.get(int(batch.modality))
     if modality is None:
         raise InvalidRequest(f"{where}: modality {int(batch.modality)} is not supported")
+    if facts.limits and not facts.limits.get(modality):
+        raise InvalidRequest(f"{where}: this model does not accept {modality} input")
     count = len(batch.mm_placeholders)
     if count == 0:
         raise InvalidRequest(f"{where}: mm_placeholders is empty")
@@ -195,13 +237,215 @@ def _batch(
         raise InvalidRequest(
             f"{where}: the tensors hold {len(items)} items for {count} placeholders"
         )
+    layout = facts.layouts.get(modality)
+    expected: list[int | None] = [None] * count
+    if layout is not None:
+        for i, item in enumerate(items):
+            expected[i] = layout.check(item, f"{where} item {i}")
     hashes = [str(h) for h in batch.mm_hashes] or [
         f"{request_id}:{modality}:{where}:{i}" for i in range(count)
     ]
     if len(hashes) != count:
         raise InvalidRequest(f"{where}: {len(hashes)} mm_hashes for {count} items")
-    ranges = _placeholders(batch, where, ids, count, facts.max_embeds.get(modality))
+    for i, item_hash in enumerate(hashes):
+        if not 0 < len(item_hash) <= MAX_HASH_CHARS:
+            raise InvalidRequest(
+                f"{where}.mm_hashes[{i}]: {len(item_hash)} characters; a hash has 1 to "
+                f"{MAX_HASH_CHARS}"
+            )
+    ranges = _placeholders(batch, where, ids, expected, facts.max_embeds.get(modality))
     return modality, items, hashes, ranges
+
+
+#: The longest ``mm_hashes`` entry taken (the router's are 64 hex digits).
+MAX_HASH_CHARS = 256
+
+
+def _same_item(a: Any, b: Any) -> bool:
+    if set(a) != set(b):
+        return False
+    for key in a:
+        x, y = a[key].data, b[key].data
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _check_hashes(kwargs: Mapping[str, list[Any]], hashes: Mapping[str, list[str]]) -> None:
+    """One hash, one content: vLLM caches the encoder's output by hash, so a second item under
+    a hash would silently get the first one's embeddings."""
+    for modality, items in kwargs.items():
+        seen: dict[str, Any] = {}
+        for item, item_hash in zip(items, hashes[modality], strict=True):
+            first = seen.setdefault(item_hash, item)
+            if first is not item and not _same_item(first, item):
+                raise InvalidRequest(
+                    f"mm_hashes: {item_hash[:80]!r} names two {modality} items with different "
+                    "tensors"
+                )
+
+
+# What an item looks like, learnt from vLLM's own processor ------------------------------------
+
+
+def _kind(tensor: torch.Tensor) -> str:
+    return "floating" if tensor.is_floating_point() else "integer"
+
+
+@dataclass(frozen=True)
+class FieldLayout:
+    """One tensor of an item: floating or integer (bool counts as integer), and its shape, a
+    None where vLLM's processor varies the size."""
+
+    kind: str
+    shape: tuple[int | None, ...]
+
+    def show(self) -> str:
+        return "[" + ", ".join("*" if d is None else str(d) for d in self.shape) + "]"
+
+
+@dataclass(frozen=True)
+class ItemLayout:
+    """What vLLM's own processor gives one item of a modality for this model (learnt at start
+    from two items of different sizes, :func:`item_layouts`): its tensors, each one's kind and
+    shape, and how many embeddings the encoder makes of it — ``embeds`` when both items agree
+    (a fixed-size item), else ``embeds_per_row`` times the rows of ``rows_key`` when both agree
+    on that ratio, else not known (the ``max_embeds`` bound alone applies)."""
+
+    fields: Mapping[str, FieldLayout]
+    embeds: int | None = None
+    rows_key: str = ""
+    embeds_per_row: Fraction | None = None
+
+    def check(self, item: Any, where: str) -> int | None:
+        """INVALID_ARGUMENT unless ``item`` has this layout; the embeddings it makes (None:
+        not known)."""
+        names = set(item)
+        missing, unknown = sorted(set(self.fields) - names), sorted(names - set(self.fields))
+        if missing or unknown:
+            raise InvalidRequest(
+                f"{where}: tensors {sorted(names)}; this model takes {sorted(self.fields)}"
+            )
+        for name, want in self.fields.items():
+            data = item[name].data
+            if not isinstance(data, torch.Tensor):
+                continue
+            if _kind(data) != want.kind:
+                raise InvalidRequest(
+                    f"{where}: {name} is {str(data.dtype).removeprefix('torch.')}; this model "
+                    f"takes a {want.kind} tensor"
+                )
+            shape = tuple(int(d) for d in data.shape)
+            if len(shape) != len(want.shape) or any(
+                w is not None and w != g for w, g in zip(want.shape, shape, strict=True)
+            ):
+                raise InvalidRequest(
+                    f"{where}: {name} has shape {list(shape)}; this model takes {want.show()}"
+                )
+        return self.embeds_of(item)
+
+    def embeds_of(self, item: Any) -> int | None:
+        if self.embeds is not None:
+            return self.embeds
+        if self.embeds_per_row is None:
+            return None
+        data = item[self.rows_key].data
+        count = self.embeds_per_row * int(data.shape[0])
+        return int(count) if count.denominator == 1 else None
+
+
+def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout | None:
+    """The layout that every sample (an item and its embeddings) fits, or None when they do not
+    even agree on their tensors."""
+    first = samples[0][0]
+    if any(set(item) != set(first) for item, _ in samples):
+        return None
+    fields: dict[str, FieldLayout] = {}
+    for name in first:
+        datas = [item[name].data for item, _ in samples]
+        if not all(isinstance(d, torch.Tensor) for d in datas):
+            continue
+        shapes = [tuple(int(n) for n in d.shape) for d in datas]
+        kinds = {_kind(d) for d in datas}
+        if len({len(s) for s in shapes}) != 1 or len(kinds) != 1:
+            return None
+        dims = tuple(dim[0] if len(set(dim)) == 1 else None for dim in zip(*shapes, strict=True))
+        fields[name] = FieldLayout(kinds.pop(), dims)
+    counts = {embeds for _, embeds in samples}
+    if len(counts) == 1:
+        return ItemLayout(fields, embeds=counts.pop())
+    ratios: set[Fraction] = set()
+    for item, embeds in samples:
+        data = item[rows_key].data if rows_key in item else None
+        rows = int(data.shape[0]) if isinstance(data, torch.Tensor) and data.dim() else 0
+        ratios.add(Fraction(embeds, rows) if rows else Fraction(-1))
+    if len(ratios) == 1 and Fraction(-1) not in ratios:
+        return ItemLayout(fields, rows_key=rows_key, embeds_per_row=ratios.pop())
+    return ItemLayout(fields)  # the tensors are known, the count is not: the bound alone
+
+
+def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
+    """One item of ``modality`` as vLLM's processor makes it, at its largest and (images) at a
+    third of that: (item, embeddings)."""
+    from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415
+    from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415
+
+    seq_len = int(processor.info.ctx.model_config.max_model_len)
+    options: list[dict[str, Any]] = [{}]
+    if modality == "image":
+        largest: Any = processor.dummy_inputs.get_dummy_mm_data(seq_len, {"image": 1}, {})
+        image: Any = largest["image"][0] if isinstance(largest["image"], list) else largest["image"]
+        width, height = int(image.size[0]), int(image.size[1])
+        smaller = ImageDummyOptions(count=1, width=max(width // 3, 1), height=max(height // 4, 1))
+        options.append({"image": smaller})
+    samples: list[tuple[Any, int]] = []
+    for option in options:
+        inputs = processor.get_dummy_inputs(seq_len, {modality: 1}, option)
+        out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
+        item = out["mm_kwargs"][modality][0]
+        samples.append((item, int(out["mm_placeholders"][modality][0].get_num_embeds())))
+    return samples
+
+
+def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout]:
+    """The item layout of each modality the model takes, from vLLM's own processor. A modality
+    whose items cannot be made here (no dummy builder for it, a processor that needs more than
+    a config) has none: its items are checked by the ``max_embeds`` bound alone."""
+    mc = engine.model_config
+    if not limits or not getattr(mc, "supports_multimodal_inputs", False):
+        return {}
+    layouts: dict[str, ItemLayout] = {}
+    try:
+        processor = MULTIMODAL_REGISTRY.create_processor(mc)
+    except Exception:
+        logger.info("no multimodal processor to learn item layouts from")
+        return {}
+    rows_key = {"image": "pixel_values", "video": "pixel_values_videos"}
+    for modality in limits:
+        try:
+            samples = _samples(processor, modality)
+        except Exception as exc:
+            logger.info("no %s item layout learnt (%s)", modality, type(exc).__name__)
+            continue
+        layout = _layout_of(samples, rows_key.get(modality, ""))
+        if layout is not None:
+            layouts[modality] = layout
+            logger.info(
+                "%s items: tensors %s, %s embeddings each",
+                modality,
+                {n: f.show() for n, f in layout.fields.items()},
+                layout.embeds
+                if layout.embeds is not None
+                else (
+                    f"{layout.embeds_per_row} per {layout.rows_key} row"
+                    if layout.embeds_per_row is not None
+                    else "an unknown number of"
+                ),
+            )
+    return layouts
 
 
 @dataclass(frozen=True)
@@ -211,6 +455,10 @@ class TensorFacts:
     dtype: torch.dtype
     #: The most embedding positions one item of a modality fills (vLLM's encoder budget).
     max_embeds: Mapping[str, int]
+    #: The items per prompt the worker takes, per modality (empty: not known, not checked).
+    limits: Mapping[str, int] = dataclasses.field(default_factory=dict[str, int])
+    #: What an item of a modality looks like, learnt from vLLM's processor (none: not known).
+    layouts: Mapping[str, ItemLayout] = dataclasses.field(default_factory=dict[str, ItemLayout])
 
 
 def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
@@ -225,6 +473,11 @@ def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
         kwargs.setdefault(modality, []).extend(items)
         hashes.setdefault(modality, []).extend(item_hashes)
         placeholders.setdefault(modality, []).extend(ranges)
+    for modality, items in kwargs.items():
+        limit = facts.limits.get(modality)
+        if limit is not None and len(items) > limit:
+            raise InvalidRequest(f"more than {limit} {modality} item(s) in one request")
+    _check_hashes(kwargs, hashes)
     spans = sorted((r.offset, r.offset + r.length) for rs in placeholders.values() for r in rs)
     for (_, end), (start, _) in pairwise(spans):
         if start < end:
@@ -410,8 +663,13 @@ def model_dtype(engine: Any) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def tensor_facts(engine: Any, max_embeds: Mapping[str, int]) -> TensorFacts:
-    return TensorFacts(model_dtype(engine), max_embeds)
+def tensor_facts(
+    engine: Any, max_embeds: Mapping[str, int], limits: Mapping[str, int] | None = None
+) -> TensorFacts:
+    """What building a tensor request needs; with ``limits`` (the items per prompt the worker
+    takes), the item layouts too (:func:`item_layouts`)."""
+    limits = dict(limits or {})
+    return TensorFacts(model_dtype(engine), max_embeds, limits, item_layouts(engine, limits))
 
 
 def mm_facts(engine: Any) -> MmFacts:

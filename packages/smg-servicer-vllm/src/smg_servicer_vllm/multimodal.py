@@ -108,7 +108,9 @@ class MultimodalPath:
             )
             self.mode = "off"
         self.limits = item_limits(self.facts.limits, settings.max_items)
-        self.tensor_facts = _mm_engine.tensor_facts(engine, self.facts.max_embeds_per_item)
+        self.tensor_facts = _mm_engine.tensor_facts(
+            engine, self.facts.max_embeds_per_item, self.limits if self.facts.supported else None
+        )
         self.gate = MmGate(settings.max_inflight)
         self.processor: MediaProcessor | None = None
         if self.mode == "inprocess":
