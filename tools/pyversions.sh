@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The engine-free packages on the oldest and newest Python the seed supports (3.10 and 3.13):
-# core, kv-bridge, the facade and the sidecar's protocol and client, each in a fresh venv.
+# The engine-free packages on the Pythons the seed supports besides the workspace's 3.11 (3.10,
+# 3.12 and 3.13): core, kv-bridge, the facade and the sidecar's protocol and client, each in a
+# fresh venv.
 #
-#   bash tools/pyversions.sh [3.10 3.13]
+#   bash tools/pyversions.sh [3.10 3.12 3.13]
 #
 # 3.10: the packages' unit and contract tests (core, kv-bridge, the sidecar's protocol and
 #   client) and the facade's tests that need no engine package: every engine package needs 3.11
 #   (vLLM, SGLang and TokenSpeed do), so on 3.10 the facade can only say which one to install.
-# 3.13: the same, plus the facade's unit tests with the engine packages installed (no engines).
+# 3.12, 3.13: the same, plus the facade's unit tests with the engine packages installed (no
+#   engines).
 # The interpreters come from pyenv (/root/.pyenv/versions/<v>.*) or `uv python find`; a missing
 # one fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
 versions=("$@")
-[[ ${#versions[@]} -gt 0 ]] || versions=(3.10 3.13)
+[[ ${#versions[@]} -gt 0 ]] || versions=(3.10 3.12 3.13)
 status=0
 for version in "${versions[@]}"; do
     python="$(ls -d "${PYENV_ROOT:-/root/.pyenv}"/versions/"$version".*/bin/python 2>/dev/null | tail -1 || true)"

@@ -213,8 +213,8 @@ def test_freeze_startup_heap_freezes_once_per_process() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     before, first, second, after = map(int, out.stdout.split())
-    assert before == 0
-    assert first > 1000  # the interpreter's and the imports' objects
+    assert before < 1000  # 0 before 3.12; 3.12's interpreter starts with a few hundred frozen
+    assert first - before > 1000  # the interpreter's and the imports' objects
     assert second == first == after  # the second call froze nothing more
 
 

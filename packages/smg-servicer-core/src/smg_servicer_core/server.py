@@ -331,18 +331,20 @@ async def _serve(
     on_started: Callable[[int], None] | None,
     in_flight: Callable[[], int] | None,
 ) -> int:
-    await server.start()
-    security = options.tls.describe() if options.tls is not None else "plain text"
-    logger.info("listening on %s (port %d, %s)", options.address(), server.port, security)
-    if on_started is not None:
-        on_started(server.port)
     code = ExitCode.OK
     deadline = (
         ShutdownDeadline(options.grace_period_s, options.shutdown_margin_s)
         if options.shutdown_margin_s is not None
         else None
     )
+    # The handlers go in before the port is announced: a SIGTERM right after the announcement
+    # (a supervisor that saw the port) drains instead of killing the process with -15.
     with _signals_set(stop, handle_signals):
+        await server.start()
+        security = options.tls.describe() if options.tls is not None else "plain text"
+        logger.info("listening on %s (port %d, %s)", options.address(), server.port, security)
+        if on_started is not None:
+            on_started(server.port)
         try:
             which, result = await _first(engine.wait_ready(), stop.wait(), engine.wait_dead())
         except Exception as exc:  # the engine could not start

@@ -106,7 +106,8 @@ def _decrypt(key: bytes, password: str) -> bytes:
         from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - optional
     except ImportError:
         raise ConfigError(
-            "--ssl-keyfile is encrypted: decrypting it needs the 'cryptography' package"
+            "--ssl-keyfile is encrypted: decrypting it needs the 'cryptography' package "
+            "(pip install 'smg-servicer-core[tls]')"
         ) from None
     try:
         loaded = serialization.load_pem_private_key(key, password.encode())
