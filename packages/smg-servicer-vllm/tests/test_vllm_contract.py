@@ -99,3 +99,40 @@ async def test_constructing_the_servicer_freezes_the_start_up_heap(
     monkeypatch.setattr(servicer_module, "freeze_startup_heap", lambda: calls.append(1) or 0)
     servicer_module.VllmEngineServicer(FakeAsyncLLM(), 0.0)
     assert calls == [1]
+
+
+class _StreamContext(_Context):
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+
+async def test_a_closed_rpc_closes_generate_at_once() -> None:
+    """vLLM 0.34 drains on SIGTERM until every cancelled RPC has closed ``generate()`` (which
+    aborts the request): the servicer closes it as its own stream closes, wherever it was
+    suspended, instead of leaving it to the garbage collector's finalizer."""
+    import time
+
+    from smg_grpc_servicer.vllm.servicer import VllmEngineServicer
+    from smg_servicer_core.testing.requests import generate_request
+
+    engine = FakeAsyncLLM(token_delay_s=0.01)
+    servicer = VllmEngineServicer(engine, time.time())
+    request = generate_request("vllm", [5, 6, 7], max_tokens=200, stream=True)
+    responses: Any = servicer.Generate(request, _StreamContext())
+    try:
+        await responses.__anext__()  # suspended at its yield, generate() mid-stream
+        assert request.request_id in engine.output_processor.running
+        await responses.aclose()
+        assert request.request_id not in engine.output_processor.running
+    finally:
+        if servicer.metrics_server is not None:
+            servicer.metrics_server.close()

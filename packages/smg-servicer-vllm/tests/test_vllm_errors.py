@@ -9,7 +9,9 @@ from typing import Any
 import grpc
 import pytest
 from vllm.exceptions import (
+    GenerationError,
     GracefulHTTPError,
+    RetryableRequestError,
     VLLMClientError,
     VLLMNotFoundError,
     VLLMUnprocessableEntityError,
@@ -46,6 +48,9 @@ CASES: list[tuple[BaseException, grpc.StatusCode, grpc.StatusCode]] = [
     (_wrapped(ValueError("inner")), grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL),
     (_wrapped(EngineDeadError()), grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
     (RuntimeError("kaboom"), grpc.StatusCode.INTERNAL, grpc.StatusCode.INTERNAL),
+    # 0.33+: a paused engine refuses on arrival with these (RequestError.to_exception())
+    (RetryableRequestError(), grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    (GenerationError(), grpc.StatusCode.INTERNAL, grpc.StatusCode.INTERNAL),
 ]  # fmt: skip
 
 

@@ -254,3 +254,38 @@ def test_the_parser_is_wrapped_once() -> None:
     plugin.register()
     assert FlexibleArgumentParser.parse_known_args is wrapped
     assert isinstance(argparse.ArgumentParser.parse_known_args, types.FunctionType)
+
+
+def test_the_keepalive_options_of_old_launchers_are_fixed() -> None:
+    """vLLM 0.19-0.30's launcher options (the ping interval misspelt, so grpc ignores it; no
+    strike setting): the plugin adds what 0.31+ sets, and keeps what a launcher already set."""
+    old = [
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000),
+        ("grpc.keepalive_permit_without_calls", True),
+    ]
+    fixed = dict(plugin.keepalive_options(old))
+    assert fixed["grpc.http2.max_ping_strikes"] == 0
+    assert fixed["grpc.http2.min_ping_interval_without_data_ms"] == 10_000
+    assert fixed["grpc.keepalive_permit_without_calls"] is True  # the launcher's own value
+    new = [("grpc.http2.max_ping_strikes", 0), ("grpc.http2.min_ping_interval_without_data_ms", 5)]
+    assert dict(plugin.keepalive_options(new))["grpc.http2.min_ping_interval_without_data_ms"] == 5
+
+
+def test_a_launcher_parse_fixes_keepalive_on_every_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    import grpc.aio
+
+    built: list[Any] = []
+
+    def server(*args: Any, **kwargs: Any) -> str:
+        built.append(kwargs.get("options"))
+        return "server"
+
+    monkeypatch.setattr(grpc.aio, "server", server)
+    launcher_parser(monkeypatch).parse_args(["--model", MODEL])
+    assert grpc.aio.server(options=[("grpc.max_send_message_length", -1)]) == "server"
+    assert ("grpc.http2.max_ping_strikes", 0) in built[-1]
+    plugin.fix_keepalive()  # idempotent: one wrapper
+    grpc.aio.server()
+    assert len(built) == 2 and ("grpc.http2.max_ping_strikes", 0) in built[-1]

@@ -35,6 +35,7 @@ generic message naming the request id, and the traceback goes to the log only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -263,8 +264,9 @@ def _stream_wrapper(
             try:
                 if type(request) is MalformedRequest:
                     raise InvalidRequest(request.message)
-                async for item in method(self, request, context):
-                    yield item
+                async with contextlib.aclosing(method(self, request, context)) as items:
+                    async for item in items:
+                        yield item
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
@@ -276,9 +278,12 @@ def _stream_wrapper(
         try:
             if type(request) is MalformedRequest:
                 raise InvalidRequest(request.message)
-            async for item in method(self, request, context):
-                message(item)
-                yield item
+            # aclosing: when the RPC's stream is closed (a cancel), the method's stream closes at
+            # once, and with it the engine's, wherever they were suspended.
+            async with contextlib.aclosing(method(self, request, context)) as items:
+                async for item in items:
+                    message(item)
+                    yield item
         except grpc.aio.AbortError:
             code = _code_name(context)
             raise

@@ -3,6 +3,9 @@ the exception's MRO, so the most specific entry wins.
 
 - ``EngineGenerateError`` is unwrapped to its cause first (it wraps what really went wrong);
 - ``EngineDeadError`` -> UNAVAILABLE (the router retries on another worker);
+- ``RetryableRequestError`` (0.32+; from 0.33 raised by ``generate()`` when a paused engine
+  refuses the request) -> UNAVAILABLE, which the router retries on another worker; its parent
+  ``GenerationError`` is a server fault and stays INTERNAL (generic message);
 - ``GracefulHTTPError`` (queue overflow, busy profiler, ...) -> its HTTP status through core's
   table;
 - ``VLLMNotFoundError`` (unknown LoRA, ...) -> NOT_FOUND;
@@ -32,6 +35,9 @@ _Make = Callable[[BaseException], ServicerError]
 
 _TABLE: dict[str, _Make] = {
     "EngineDeadError": lambda e: Unavailable("the engine is not running; retry elsewhere"),
+    "RetryableRequestError": lambda e: Unavailable(
+        "the engine did not take the request (paused); retry elsewhere"
+    ),
     "GracefulHTTPError": lambda e: from_http_status(
         getattr(e, "http_status", 500), str(getattr(e, "message", "") or e)
     ),

@@ -26,7 +26,10 @@ In the launcher process the plugin also:
 - bounds the launcher's stop: from the moment vLLM's launcher starts to shut down (it sets the
   health servicer NOT_SERVING), its 5 s gRPC grace plus ``--shutdown-margin``
   (``SMG_SERVICER_SHUTDOWN_MARGIN_S``, 15 s) may pass before the engine's processes are killed
-  by PID and the process exits 1 (core's ``shutdown``).
+  by PID and the process exits 1 (core's ``shutdown``);
+- gives every gRPC server it builds the keepalive options vLLM 0.31+ sets itself
+  (:func:`fix_keepalive`): 0.19-0.30 misspell one, and a long non-streaming Generate then died with
+  ``GOAWAY too_many_pings`` under the router's keepalive pings.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import grpc.aio
 
 from smg_servicer_core.cli import metrics_settings
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
@@ -140,10 +145,51 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         if getattr(parsed, "mm_redis_url", None) is not None:
             # vLLM's launcher logs its parsed arguments: the URL's repr hides its password.
             parsed.mm_redis_url = _launched["launch"].mm.redis_url
+        if in_launcher_process():
+            fix_keepalive()
         return parsed, rest
 
     setattr(parse_known_args, _MARK, True)
     return parse_known_args
+
+
+#: What vLLM's launcher sets from 0.31 on (vllm#55102). 0.18-0.30 misspell the ping interval
+#: (``grpc.http2.min_recv_ping_interval_without_data_ms``, which grpc C-core ignores) and leave the
+#: ping strikes at 2: the router's keepalive pings during a long non-streaming Generate then earn
+#: ``GOAWAY too_many_pings`` and the call fails.
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+_KEEPALIVE_MARK = "_smg_keepalive"
+
+
+def keepalive_options(options: Sequence[tuple[str, Any]] | None) -> list[tuple[str, Any]]:
+    """``options`` with every :data:`KEEPALIVE_OPTIONS` entry it lacks (its own values kept)."""
+    merged = list(options or ())
+    present = {name for name, _ in merged}
+    merged.extend(option for option in KEEPALIVE_OPTIONS if option[0] not in present)
+    return merged
+
+
+def fix_keepalive() -> None:
+    """In this (launcher) process, every ``grpc.aio.server(...)`` gets :func:`keepalive_options`:
+    a no-op on vLLM 0.31+, whose launcher sets them; the fix of the keepalive bug on 0.19-0.30.
+    Idempotent."""
+    current: Callable[..., Any] = grpc.aio.server
+    if getattr(current, _KEEPALIVE_MARK, False):
+        return
+
+    def server(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 3:  # (migration_thread_pool, handlers, interceptors, options, ...)
+            args = (*args[:3], keepalive_options(args[3]), *args[4:])
+        else:
+            kwargs["options"] = keepalive_options(kwargs.get("options"))
+        return current(*args, **kwargs)
+
+    setattr(server, _KEEPALIVE_MARK, True)
+    grpc.aio.server = server
 
 
 def secure_ports(server: Any, tls: ServerTls) -> None:

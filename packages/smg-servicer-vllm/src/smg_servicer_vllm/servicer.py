@@ -259,11 +259,14 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                     request.data_parallel_rank if request.HasField("data_parallel_rank") else None
                 ),
             )
+            # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended, so
+            # vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
             with translated() as stage:
-                async for output in stream:
-                    stage.building_request = False  # vLLM accepted the request
-                    for response in self._responses(output, request.stream, spec, choices):
-                        yield response
+                async with contextlib.aclosing(stream):
+                    async for output in stream:
+                        stage.building_request = False  # vLLM accepted the request
+                        for response in self._responses(output, request.stream, spec, choices):
+                            yield response
             if handle.aborted and not all(c.done for c in choices.values()):
                 raise Aborted(f"request {request.request_id} was aborted")
 
