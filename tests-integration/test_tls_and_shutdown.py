@@ -160,3 +160,27 @@ def test_a_hung_engine_shutdown_is_killed_at_the_deadline(locked: tuple[str, Wor
         assert any(str(p.pid) in lines[0] for p in children), lines[0]
     grace = 5.0 if engine == "vllm" else GRACE_S  # vLLM's launcher stops its server with 5 s
     assert took >= grace + MARGIN_S - 0.5, (took, log)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_key_that_is_not_the_certificates_exits_2_before_the_engine_starts(
+    engine: str, pki: MutualTls, tiny_model: Path
+) -> None:
+    """Each launcher reads its TLS files before it starts the engine: a key that does not belong
+    to the certificate is one error line and exit 2, no traceback."""
+    cert, _ = pki.server
+    _, wrong_key = pki.client
+    worker = WORKERS[engine](
+        tiny_model, free_port(), "--ssl-certfile", str(cert), "--ssl-keyfile", str(wrong_key)
+    )
+    process = worker.start()
+    try:
+        code = process.proc.wait(180)
+    finally:
+        if process.proc.poll() is None:
+            process.proc.kill()
+    log = process.tail(100_000)
+    assert code == 2, log
+    assert "Traceback" not in log, log
+    errors = [line for line in log.splitlines() if "do not load as a PEM certificate" in line]
+    assert len(errors) == 1, log

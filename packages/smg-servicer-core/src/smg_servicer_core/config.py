@@ -52,9 +52,27 @@ class Setting(Generic[T]):
             self.flag,
             dest=self.name,
             default=None,
-            type=str,
-            help=f"{self.help} (default: {self.default!r}){env_note}",
+            **self._flag_kind(),
+            help=f"{self.help} (default: {self._default_shown()}){env_note}",
         )
+
+    def _flag_kind(self) -> dict[str, Any]:
+        return {"type": str}
+
+    def _default_shown(self) -> str:
+        return repr(self.default)
+
+
+@dataclass(frozen=True)
+class Switch(Setting[bool]):
+    """A boolean setting whose flag takes no value (given: on); its variable takes 1/0,
+    true/false, yes/no or on/off (:func:`parse_bool`)."""
+
+    def _flag_kind(self) -> dict[str, Any]:
+        return {"action": "store_const", "const": "true"}
+
+    def _default_shown(self) -> str:
+        return "on" if self.default else "off"
 
 
 @dataclass(frozen=True)

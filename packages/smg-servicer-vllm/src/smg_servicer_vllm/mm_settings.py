@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from smg_servicer_core.config import Setting, Source, parse_bool, resolve
+from smg_servicer_core.config import Setting, Source, Switch, parse_bool, resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_mm_sidecar.client import RedisTls
 
@@ -197,25 +197,6 @@ def redis_tls(
             f"{cert}/{key}: not a PEM certificate and its key ({tls.cert_file}: {exc})"
         ) from None
     return tls
-
-
-@dataclass(frozen=True)
-class Switch(Setting[bool]):
-    """A boolean setting whose flag takes no value (given: on); its variable takes 1/0,
-    true/false, yes/no or on/off."""
-
-    def add_to_parser(self, parser: argparse.ArgumentParser | Any) -> None:
-        if self.flag is None:
-            return
-        env_note = f" [env {self.env}]" if self.env else ""
-        parser.add_argument(
-            self.flag,
-            dest=self.name,
-            default=None,
-            action="store_const",
-            const="true",
-            help=f"{self.help} (default: off){env_note}",
-        )
 
 
 SETTINGS: tuple[Setting[Any], ...] = (
