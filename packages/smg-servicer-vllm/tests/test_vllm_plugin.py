@@ -229,13 +229,14 @@ def test_help_lists_the_flags(
 
 
 def test_the_real_launcher_exits_2_before_building_the_engine(tmp_path: Path) -> None:
-    """``python -m vllm.entrypoints.launchers.grpc_server`` loads the plugin through its entry
-    point (no test monkeypatching): a bad value stops it at the parse."""
+    """``python -m vllm.entrypoints.launchers.grpc_server`` (``vllm.entrypoints.grpc_server``
+    before 0.30) loads the plugin through its entry point (no test monkeypatching): a bad value
+    stops it at the parse."""
     result = subprocess.run(
         [
             sys.executable,
             "-m",
-            plugin.LAUNCHER_MODULES[0],
+            releases.launcher_module(),
             "--model",
             str(tmp_path),
             "--mm-max-item-bytes",
@@ -278,7 +279,6 @@ def test_the_keepalive_options_of_old_launchers_are_fixed() -> None:
 
 
 def test_a_launcher_parse_fixes_keepalive_on_every_server(monkeypatch: pytest.MonkeyPatch) -> None:
-
     built: list[Any] = []
 
     def server(*args: Any, **kwargs: Any) -> str:
