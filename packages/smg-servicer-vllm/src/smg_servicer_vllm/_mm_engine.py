@@ -53,6 +53,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.tensors import MAX_TENSOR_BYTES, RawTensor, read_tensor
 from smg_servicer_mm_sidecar.protocol import MODALITIES, Fingerprint, limit_string, sorted_json
+from smg_servicer_vllm import releases
 from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
@@ -364,7 +365,9 @@ def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout 
     if any(set(item) != set(first) for item, _ in samples):
         return None
     fields: dict[str, FieldLayout] = {}
-    for name in first:
+    # Checked in this order, so a request with several faults is told the same one every time:
+    # the primary tensor first (a wrong tile size is reported on the pixels, not on their mask).
+    for name in sorted(first, key=lambda n: (n != rows_key, n)):
         datas = [item[name].data for item, _ in samples]
         if not all(isinstance(d, torch.Tensor) for d in datas):
             continue
@@ -643,8 +646,9 @@ class InprocessProcessor:
         if text:
             prompt["prompt"] = text
         try:
-            return await self.renderer.process_for_engine_async(
-                prompt, time.time(), skip_mm_cache=True
+            process = self.renderer.process_for_engine_async
+            return await process(
+                prompt, time.time(), **releases.keywords(process, skip_mm_cache=True)
             )
         except (RuntimeError, ValueError) as exc:
             logger.info("media processing refused the request (%s)", type(exc).__name__)
@@ -682,7 +686,11 @@ def mm_facts(engine: Any) -> MmFacts:
     try:  # the module moved between vLLM releases; the label is informative only
         from vllm.multimodal.encoder_budget import MultiModalBudget  # noqa: PLC0415
 
-        counted = MultiModalBudget(engine.vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
+        counted = MultiModalBudget(
+            engine.vllm_config,
+            MULTIMODAL_REGISTRY,
+            **releases.keywords(MultiModalBudget, enable_cache=False),  # 0.27+
+        )
         budget = int(counted.get_encoder_budget())
         max_embeds = {m: int(n) for m, n in getattr(counted, "mm_max_toks_per_item", {}).items()}
     except ImportError:
