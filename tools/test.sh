@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite (the README's test command). Three environments:
+# The whole test suite (the README's test command). Four environments:
 #   1. the uv workspace (.venv): every package's unit and contract tests, the vLLM and MLX engine
 #      tests, tests-integration/ (the real router in front of every engine) and tools/;
 #   2. the SGLang CPU environment (.venv-sglang, tools/envs/sglang-cpu/install.sh):
 #      packages/smg-servicer-sglang/tests;
 #   3. the TokenSpeed CPU environment (.venv-tokenspeed, tools/envs/tokenspeed-cpu/install.sh):
-#      packages/smg-servicer-tokenspeed/tests/engine.
+#      packages/smg-servicer-tokenspeed/tests/engine;
+#   4. the vLLM 0.27 CPU environment (.venv-vllm027, tools/envs/vllm027-cpu/install.sh): the
+#      vLLM package's tests and the vLLM router round trip again, on an older vLLM release.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:

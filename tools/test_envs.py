@@ -1,6 +1,7 @@
 """tools/envs/list is the one list of test environments and jobs: tools/test.sh runs it,
 .github/workflows/ci.yml builds its test matrix from ``tools/test.sh --list-envs``, and together
-its jobs run every test exactly once, each in its own environment."""
+its jobs run every test exactly once, each in its own environment; an older engine release's
+environment (:data:`RERUNS`) runs a selection of the workspace's tests again on that release."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import yaml
 from smg_it.paths import REPO
 
 pytestmark = pytest.mark.unit
+
+#: Environments of an older engine release: they run again, on that release, paths the
+#: workspace runs (selected by their pytest command's ``-k``), so they are outside "once".
+RERUNS = {"vllm027": "-k vllm"}
 
 
 def listed_jobs() -> list[dict[str, str]]:
@@ -41,7 +46,7 @@ def ignored() -> set[str]:
 def test_every_environment_is_listed_with_its_install_script() -> None:
     jobs = listed_jobs()
     envs = {job["env"] for job in jobs}
-    assert envs == {"workspace", "sglang", "tokenspeed"}
+    assert envs == {"workspace", "sglang", "tokenspeed", *RERUNS}
     assert len({job["job"] for job in jobs}) == len(jobs), "job names are unique"
     for job in jobs:
         for script in job["installs"].split():
@@ -49,6 +54,8 @@ def test_every_environment_is_listed_with_its_install_script() -> None:
         if job["env"] != "workspace":
             assert f"tools/envs/{job['env']}-cpu/install.sh" in job["installs"].split()
             assert f".venv-{job['env']}/bin/python -m pytest" in job["run"]
+            if job["env"] in RERUNS:
+                assert job["run"].endswith(RERUNS[job["env"]]), job["run"]
         else:
             assert job["run"] == "uv run pytest"
     # The router tests launch SGLang and TokenSpeed workers from their environments.
@@ -59,8 +66,20 @@ def test_every_environment_is_listed_with_its_install_script() -> None:
     }
 
 
-def test_the_jobs_run_every_test_once_in_its_environment() -> None:
+def test_an_older_release_reruns_only_what_the_workspace_runs() -> None:
     jobs = listed_jobs()
+    workspace = [p for job in jobs if job["env"] == "workspace" for p in job["paths"].split()]
+    for job in jobs:
+        if job["env"] not in RERUNS:
+            continue
+        for path in job["paths"].split():
+            assert (REPO / path).exists(), path
+            assert any(Path(path).is_relative_to(w) for w in workspace), path
+            assert not any(Path(path).is_relative_to(i) for i in ignored()), path
+
+
+def test_the_jobs_run_every_test_once_in_its_environment() -> None:
+    jobs = [job for job in listed_jobs() if job["env"] not in RERUNS]
     paths = [(path, job["env"]) for job in jobs for path in job["paths"].split()]
     assert len({p for p, _ in paths}) == len(paths), "no folder is run twice"
     # The other environments run exactly what the workspace's pytest ignores.

@@ -35,9 +35,31 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def images_unserved(model: Path) -> str | None:
+    """Why the installed vLLM cannot serve ``model``'s images, or None: its own processor makes
+    an image item without pixel rows, and its engine dies on the first image. vLLM 0.27's
+    Idefics3 counts 0 patches for a model without image splitting, as the tiny VLM is (later
+    releases count at least 1): read from what the processor makes, not from the version."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from smg_servicer_vllm import _mm_engine
+
+    config = EngineArgs(model=str(model), dtype="float32", max_model_len=1024)
+    processor = MULTIMODAL_REGISTRY.create_processor(config.create_model_config())
+    item, _ = _mm_engine._samples(processor, "image")[0]  # pyright: ignore[reportPrivateUsage]
+    rows = int(item["pixel_values"].data.shape[0])
+    if rows:
+        return None
+    return "this vLLM's processor makes 0 pixel rows for the tiny VLM's images (vLLM 0.27 bug)"
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vlm_llm(tiny_vlm: Path, media_dir: Path) -> AsyncIterator[Any]:
-    """One real vLLM CPU engine of the tiny VLM, shared by the multimodal modules."""
+    """One real vLLM CPU engine of the tiny VLM, shared by the multimodal modules (skipped where
+    the installed vLLM cannot serve its images: :func:`images_unserved`)."""
+    if (why := images_unserved(tiny_vlm)) is not None:
+        pytest.skip(why)
     llm = build_llm(
         tiny_vlm,
         kv_cache_memory_bytes=64 << 20,

@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from smg_servicer_core.testing.certs import MutualTls, mutual_tls
-from smg_servicer_vllm import plugin
+from smg_servicer_vllm import plugin, releases
 
 # vLLM's real parsers (and its launcher, which exits before it builds an engine): no engine runs.
 pytestmark = pytest.mark.unit

@@ -406,7 +406,7 @@ def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
         options.append({"image": smaller})
     samples: list[tuple[Any, int]] = []
     for option in options:
-        inputs = processor.get_dummy_inputs(seq_len, {modality: 1}, option)
+        inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, option)
         out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
         item = out["mm_kwargs"][modality][0]
         samples.append((item, int(out["mm_placeholders"][modality][0].get_num_embeds())))

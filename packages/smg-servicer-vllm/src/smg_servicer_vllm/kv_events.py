@@ -4,7 +4,8 @@ vLLM publishes over ZMQ when started with
 ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
 "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'``. Each DP rank binds its own
 port (the base port plus the rank); ``AsyncLLM.get_kv_event_sources()`` reports the endpoints it
-really bound when the engine offers it. Wildcard binds are dialled on loopback.
+really bound when the release has it (0.31+, :func:`.releases.kv_event_sources`). Wildcard binds
+are dialled on loopback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_kv_bridge import KvSource
 from smg_servicer_kv_bridge.endpoints import dialable, offset
+from smg_servicer_vllm import releases
 
 
 def _enabled(config: Any) -> bool:
@@ -30,15 +32,8 @@ def kv_sources(engine: Any) -> list[KvSource] | None:
     config = getattr(engine.vllm_config, "kv_events_config", None)
     if not _enabled(config):
         return None
-    per_rank: dict[int, Any] = {}
-    getter: Any = getattr(engine, "get_kv_event_sources", None)
-    if callable(getter):
-        try:
-            reported: Any = getter()
-            per_rank = {int(k): v for k, v in dict(reported).items()}
-        except Exception:  # older engines: derive the endpoints below
-            per_rank = {}
-    if not per_rank:
+    per_rank = releases.kv_event_sources(engine)
+    if not per_rank:  # a release that cannot report them (before 0.31): base port + rank
         ranks = int(getattr(engine.vllm_config.parallel_config, "data_parallel_size", 1) or 1)
         per_rank = dict.fromkeys(range(ranks), None)
     sources: list[KvSource] = []

@@ -51,8 +51,8 @@ from smg_servicer_core.shutdown import SHUTDOWN_MARGIN, ShutdownDeadline
 from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 from smg_servicer_core.wire_guard import tolerant_add
 from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
+from smg_servicer_vllm.releases import LAUNCHER_MODULES
 
-LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
 _MARK = "_smg_servicer_wrapped"
 #: Every variable a gRPC parse reads.
 SETTINGS_ENV = tuple(

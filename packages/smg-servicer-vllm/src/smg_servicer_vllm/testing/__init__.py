@@ -12,11 +12,10 @@ loopback, CPU-sized for the tiny test models.
 
 import sys
 
+from smg_servicer_vllm.releases import launcher_module
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
-LAUNCHER = "vllm.entrypoints.launchers.grpc_server"
-
-__all__ = ["LAUNCHER", "FakeAsyncLLM", "launcher_command"]
+__all__ = ["FakeAsyncLLM", "launcher_command", "launcher_module"]
 
 
 def launcher_command(
@@ -26,12 +25,12 @@ def launcher_command(
     max_model_len: int = 1024,
     kv_cache_bytes: int = 128 << 20,
 ) -> list[str]:
-    """``python -m vllm.entrypoints.launchers.grpc_server --model MODEL`` on 127.0.0.1:``port``,
+    """``python -m <the installed vLLM's launcher module> --model MODEL`` on 127.0.0.1:``port``,
     float32, eager, ``kv_cache_bytes`` of KV cache, no stats logging; then ``extra``."""
     return [
         sys.executable,
         "-m",
-        LAUNCHER,
+        launcher_module(),
         "--model",
         str(model),
         "--host",

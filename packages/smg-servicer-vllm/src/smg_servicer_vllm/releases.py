@@ -1,0 +1,109 @@
+"""What differs between the vLLM releases this package serves (0.19-0.34), in one place.
+
+Every difference is decided by **capability** (a module, keyword or attribute being there), never
+by comparing version strings: a release that back-ports or renames something is served by what
+it has. Engine-free: nothing here imports vLLM; each check reads the vLLM object the engine
+modules (``_engine``, ``_mm_engine``) or the duck-typed readers hand it, or the installed ``vllm``
+package's files. Release numbers below say where each capability appears
+(``../shared/notes/engine-versions.md`` §1.3-1.4, read from the wheels).
+
+Each entry: the difference (where it appears) -> the capability read -> what happens without it.
+
+- gRPC launcher module ``vllm.entrypoints.launchers.grpc_server`` (0.30+) -> its file in the
+  installed ``vllm`` package (:func:`launcher_module`) -> ``vllm.entrypoints.grpc_server``
+  (0.18-0.29; 0.30+ keep that name as a shim);
+- ``MultiModalBudget(vllm_config, registry, *, enable_cache=)`` (0.27+) -> the keyword
+  (:func:`keywords`) -> the budget built without it;
+- ``renderer.process_for_engine_async(prompt, arrival_time, *, skip_mm_cache=)`` (0.20+) -> the
+  keyword -> called without it;
+- the multimodal processor's ``get_dummy_inputs(seq_len, counts, options)`` (in 0.32, not in
+  0.27: found running there; 0.27 has ``processor.dummy_inputs.get_dummy_processor_inputs`` with
+  the same arguments) -> the method (:func:`dummy_inputs`) -> the dummy builder's;
+- ``AsyncLLM.get_kv_event_sources()`` (0.31+) -> the method (:func:`kv_event_sources`) -> the
+  configured base port plus the rank (:mod:`.kv_events`);
+- exceptions: ``VLLMClientError`` (0.27+), ``GracefulHTTPError`` in ``vllm.exceptions`` (0.29+),
+  ``GenerationError``/``RetryableRequestError`` (0.32+) -> matched by class *name* along the
+  MRO, wherever vLLM defines them (:mod:`.errors`) -> a bare ``ValueError``/``TypeError`` while
+  the request is built is still INVALID_ARGUMENT;
+- the launcher's keepalive options, misspelt on 0.18-0.30 -> the options the server is built
+  with (:func:`.plugin.fix_keepalive` adds only those it lacks) -> -;
+- ``AsyncLLM.get_num_unfinished_requests()`` (0.29+) -> not needed: we read
+  ``output_processor.get_num_unfinished_requests()``, there in every release;
+- ``grpc.health.v1`` registered by the launcher (0.20+) -> nothing to detect: on 0.18-0.19 our
+  servicer's own ``HealthCheck`` RPC still answers.
+
+Not used by this package, so no release lacks them for us: ``notify_kv_transfer_request_rejected``
+(0.21+), ``CacheConfig.kv_cache_size_tokens`` (0.24+; capacity is ``num_gpu_blocks *
+block_size``), ``SchedulerStats.num_skipped_waiting_reqs`` (0.20+), per-request
+``SamplingParams.stream_interval`` (0.27+), ``process_for_engine_async(tok_params=)`` (0.31+),
+``CompletionOutput.spec_decode_metrics`` (0.29+).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any
+
+#: vLLM's gRPC launcher module: the current name (0.30+) first, then the one before (0.18-0.29).
+LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def launcher_module() -> str:
+    """The installed vLLM's gRPC launcher module (``python -m <it>``), found without importing
+    vLLM: the current name when its file is there (or no vLLM is installed), else the old one."""
+    spec = importlib.util.find_spec("vllm")  # a top-level name: located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return LAUNCHER_MODULES[0]
+    for location in spec.submodule_search_locations:
+        launchers = Path(location) / "entrypoints" / "launchers"
+        if (launchers / "grpc_server.py").is_file():
+            return LAUNCHER_MODULES[0]
+    return LAUNCHER_MODULES[1]
+
+
+@functools.cache
+def _named_parameters(call: Any) -> frozenset[str]:
+    try:
+        parameters = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume nothing
+        return frozenset()
+    return frozenset(p.name for p in parameters if p.kind in _NAMED)
+
+
+def accepts(call: Any, keyword: str) -> bool:
+    """``call`` (a function, a bound method or a class) takes ``keyword`` by name; ``**kwargs``
+    alone does not count (it may forward the keyword to something that lacks it)."""
+    return keyword in _named_parameters(getattr(call, "__func__", call))
+
+
+def keywords(call: Any, **wanted: Any) -> dict[str, Any]:
+    """The subset of ``wanted`` that ``call`` accepts: ``call(*args, **keywords(call, x=1))``
+    passes ``x`` only to a release that has it."""
+    return {name: value for name, value in wanted.items() if accepts(call, name)}
+
+
+def dummy_inputs(processor: Any) -> Any:
+    """The multimodal processor's builder of dummy inputs, ``(seq_len, counts, options) ->
+    ProcessorInputs``: the processor's own method where it has one, else its dummy builder's."""
+    method: Any = getattr(processor, "get_dummy_inputs", None)
+    if callable(method):
+        return method
+    return processor.dummy_inputs.get_dummy_processor_inputs
+
+
+def kv_event_sources(engine: Any) -> dict[int, Any]:
+    """The KV-event publishers the engine reports per DP rank (``get_kv_event_sources()``, 0.31+),
+    or ``{}`` when it cannot say: the caller then derives each rank's endpoints from the
+    configured base port plus the rank, as vLLM binds them."""
+    getter: Any = getattr(engine, "get_kv_event_sources", None)
+    if not callable(getter):
+        return {}
+    try:
+        reported: Any = getter()
+        return {int(k): v for k, v in dict(reported).items()}
+    except Exception:  # an engine that cannot report yet: derive the endpoints
+        return {}
