@@ -40,7 +40,7 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar, cast
 
 import grpc
@@ -245,7 +245,7 @@ def grpc_errors(method: _F) -> _F:
     the call.
     """
     if inspect.isasyncgenfunction(method):
-        return cast(_F, _stream_wrapper(cast(Callable[..., AsyncIterator[Any]], method)))
+        return cast(_F, _stream_wrapper(cast(Callable[..., AsyncGenerator[Any, None]], method)))
     return cast(_F, _unary_wrapper(cast(Callable[..., Awaitable[Any]], method)))
 
 
@@ -253,7 +253,7 @@ _Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 def _stream_wrapper(
-    method: Callable[..., AsyncIterator[Any]],
+    method: Callable[..., AsyncGenerator[Any, None]],
 ) -> Callable[..., AsyncIterator[Any]]:
     name = method.__name__
 
