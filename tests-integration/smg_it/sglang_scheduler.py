@@ -40,8 +40,11 @@ def port_args() -> FakePortArgs:
 
 def token_output(rid: str, ids: list[int], completion: int, finish: dict[str, Any] | None,
                  prompt: int = 3) -> Any:  # fmt: skip
-    """A one-request ``BatchTokenIDOutput`` with no logprobs."""
+    """A one-request ``BatchTokenIDOutput`` with no logprobs (the installed release's struct)."""
     empty: list[Any] = []
+    # SGLang 0.5.20 only (0.5.21 removed it): a required field.
+    only_0520 = "output_token_sampling_logprobs"
+    extra = {only_0520: None} if only_0520 in sg.BatchTokenIDOutput.__struct_fields__ else {}
     return sg.BatchTokenIDOutput(
         rids=[rid],
         finished_reasons=[finish],
@@ -64,7 +67,7 @@ def token_output(rid: str, ids: list[int], completion: int, finish: dict[str, An
         output_token_ids_logprobs_val=empty, output_token_ids_logprobs_idx=empty,
         output_token_entropy_val=None, output_token_sampling_mask=None,
         output_hidden_states=None, routed_experts=None, indexer_topk=None,
-        placeholder_tokens_idx=None, placeholder_tokens_val=None,
+        placeholder_tokens_idx=None, placeholder_tokens_val=None, **extra,
     )  # fmt: skip
 
 

@@ -1,7 +1,23 @@
 """The only module that imports SGLang: scheduler launch, the IPC wire types and model facts.
 
-Everything SGLang-version-specific lives here (tested with 0.5.23), so the request manager and
-the servicer work on the names below and plain values.
+Everything SGLang-version-specific lives here, so the request manager and the servicer work on
+the names below and plain values. Releases 0.5.20-0.5.23 differ (../README.md's table says which
+run and which are read), and the differences are taken by capability, never by version string:
+
+- every request is built through :func:`_struct`, which passes only the keywords the installed
+  release's struct has (0.5.21 inserted ``token_indices_to_pool`` and appended ``kv_hints``,
+  ``pp_prefetch_ticketed``, ``sampling_logprobs_mode``; 0.5.23 appended ``lora_name``): the
+  structs are positional msgspec structs, so the release's own class fixes the wire order;
+- outputs are read by name through the release's own decoder; fields some releases lack are
+  read with a default (``spec_*``), and 0.5.20's ``output_token_sampling_logprobs`` (removed in
+  0.5.21) is not read at all;
+- the schedulers are launched through ``Engine._launch_scheduler_processes``, whose signature is
+  the same in every release, with a scheduler entry that forwards whatever it is given
+  (``run_scheduler_process`` lost ``attn_cp_rank, moe_dp_rank, moe_ep_rank`` in 0.5.21; the DP
+  controller gained ``prelaunched_schedulers`` in 0.5.22): the release's own launcher passes its
+  own arguments;
+- the DP rank count is ``num_dp_ranks`` from 0.5.22 (whose ``dp_size`` counts replicas),
+  ``dp_size`` before.
 """
 
 # SGLang ships no type information; this boundary is checked loosely on purpose.
@@ -42,7 +58,7 @@ from sglang.srt.server_args import prepare_server_args as _prepare_server_args
 from sglang.srt.utils.common import configure_logger
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 
-from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_sglang import grammar_hooks
 from smg_servicer_sglang.convert import ReqSpec
 
@@ -88,6 +104,21 @@ def _checked_params(sampling: dict[str, Any], vocab_size: int, tokenizer: Any) -
     return params
 
 
+def _struct(cls: Any, **fields: Any) -> Any:
+    """``cls(**fields)`` for the installed release: a keyword its struct lacks (a field a later
+    release added) is left out while it is None (the struct's default there); one that carries
+    a value is refused (UNIMPLEMENTED) rather than dropped unseen."""
+    known: tuple[str, ...] = cls.__struct_fields__
+    absent = [name for name in fields if name not in known]
+    carried = sorted(name for name in absent if fields[name] is not None)
+    if carried:
+        raise Unsupported(
+            f"SGLang {SGLANG_VERSION} cannot take {', '.join(carried)} "
+            f"(its {cls.__name__} has no such field)"
+        )
+    return cls(**{name: value for name, value in fields.items() if name in known})
+
+
 def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
     """``spec.fields`` with the prompt as the ``array('q')`` SGLang's IPC carries."""
     return {**spec.fields, "input_ids": array("q", spec.fields["input_ids"])}
@@ -96,7 +127,8 @@ def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
 def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
     """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`)."""
     fields = _wire_fields(spec)
-    return TokenizedGenerateReqInput(
+    return _struct(
+        TokenizedGenerateReqInput,
         rid=spec.rid,
         input_embeds=None,
         mm_inputs=None,
@@ -109,12 +141,33 @@ def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
 def build_embed(spec: ReqSpec, tokenizer: Any) -> Any:
     """SGLang's ``TokenizedEmbeddingReqInput`` for ``spec``."""
     fields = _wire_fields(spec)
-    return TokenizedEmbeddingReqInput(
+    return _struct(
+        TokenizedEmbeddingReqInput,
         rid=spec.rid,
         mm_inputs=None,
         sampling_params=internal_params(tokenizer, **spec.sampling),
         **fields,
     )
+
+
+def build_probe(rid: str, is_generation: bool, tokenizer: Any) -> Any:
+    """The health probe's request: one greedy token from prompt ``[0]`` (a generative model),
+    or the embedding of ``[0]``."""
+    ids = array("q", [0])
+    if is_generation:
+        return _struct(
+            TokenizedGenerateReqInput,
+            rid=rid, input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=internal_params(tokenizer, max_new_tokens=1, temperature=0.0),
+            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False,
+        )  # fmt: skip
+    return _struct(
+        TokenizedEmbeddingReqInput,
+        rid=rid, input_text=None, input_ids=ids, mm_inputs=None, token_type_ids=None,
+        sampling_params=internal_params(tokenizer, max_new_tokens=0),
+    )  # fmt: skip
 
 
 def prepare_server_args(argv: list[str]) -> Any:
@@ -206,7 +259,10 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
 
 def dp_size() -> int:
     """Data-parallel ranks of the published configuration (after :func:`prepare`)."""
-    return int(get_parallel().num_dp_ranks or 1)
+    parallel = get_parallel()
+    # 0.5.22 names the rank count num_dp_ranks (its dp_size counts replicas); before, dp_size.
+    ranks = getattr(parallel, "num_dp_ranks", None)
+    return int((parallel.dp_size if ranks is None else ranks) or 1)
 
 
 def terminate(

@@ -17,7 +17,6 @@ import json
 import logging
 import time
 import uuid
-from array import array
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -286,21 +285,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
     async def _deep_probe(self) -> tuple[bool, str]:
         rid = f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}"
         started = time.time()
-        ids = array("q", [0])
-        one_token = sg.internal_params(self.tokenizer, max_new_tokens=1, temperature=0.0)
-        if self.limits.is_generation:
-            req: Any = sg.TokenizedGenerateReqInput(
-                rid=rid, input_text=None, input_ids=ids, input_embeds=None, mm_inputs=None,
-                token_type_ids=None,
-                sampling_params=one_token,
-                return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-                token_ids_logprob=None, stream=False,
-            )  # fmt: skip
-        else:
-            req = sg.TokenizedEmbeddingReqInput(
-                rid=rid, input_text=None, input_ids=ids, mm_inputs=None, token_type_ids=None,
-                sampling_params=sg.internal_params(self.tokenizer, max_new_tokens=0),
-            )  # fmt: skip
+        req = sg.build_probe(rid, self.limits.is_generation, self.tokenizer)
         wake = self.manager.open([rid])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s
