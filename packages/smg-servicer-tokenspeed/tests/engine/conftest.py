@@ -82,6 +82,10 @@ def drain_on_sigterm(server: WorkerProcess) -> tuple[int, str]:
         messages.extend(stream)
         with pytest.raises(grpc.RpcError) as refused:
             stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # pyright: ignore[reportAttributeAccessIssue]
+        # Refused, not served: UNAVAILABLE from the drain gate, or CANCELLED when the call lands
+        # as the server stops (the stream above was the last in flight, so the drain had ended;
+        # seen once in the gate under load).
+        code = refused.value.code()  # pyright: ignore[reportAttributeAccessIssue]
+        assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), code
     tokens = sum(len(m.chunk.token_ids) for m in messages if m.HasField("chunk"))
     return tokens, messages[-1].complete.finish_reason
