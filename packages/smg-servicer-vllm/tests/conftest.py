@@ -43,11 +43,11 @@ def images_unserved(model: Path) -> str | None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
-    from smg_servicer_vllm import _mm_engine
+    from smg_servicer_vllm import _mm_layouts
 
     config = EngineArgs(model=str(model), dtype="float32", max_model_len=1024)
     processor = MULTIMODAL_REGISTRY.create_processor(config.create_model_config())
-    item, _ = _mm_engine._samples(processor, "image")[0]  # pyright: ignore[reportPrivateUsage]
+    item, _ = _mm_layouts._samples(processor, "image")[0]  # pyright: ignore[reportPrivateUsage]
     rows = int(item["pixel_values"].data.shape[0])
     if rows:
         return None

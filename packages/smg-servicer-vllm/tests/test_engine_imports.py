@@ -1,8 +1,8 @@
-"""Only ``_engine`` and ``_mm_engine`` import vLLM or torch (read from the sources with ``ast``:
-function-level imports count). Everything else reaches the engine through them, so the request
-rules, the multimodal orchestration, the sidecar's settings and the worker's sidecar client stay
-importable and testable without an engine (the facade's tests import them and check that no
-engine was loaded)."""
+"""Only ``_engine``, ``_mm_engine`` and ``_mm_layouts`` import vLLM or torch (read from the
+sources with ``ast``: function-level imports count). Everything else reaches the engine through
+them, so the request rules, the multimodal orchestration, the sidecar's settings and the worker's
+sidecar client stay importable and testable without an engine (the facade's tests import them
+and check that no engine was loaded)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 SRC = Path(smg_servicer_vllm.__file__).parent
 ENGINE = {"vllm", "torch"}
-ENGINE_MODULES = ["_engine.py", "_mm_engine.py"]
+ENGINE_MODULES = ["_engine.py", "_mm_engine.py", "_mm_layouts.py"]
 
 
 def engine_imports(path: Path) -> set[str]:

@@ -1,5 +1,5 @@
-"""With :mod:`._mm_engine` (the multimodal side), the one module that imports vLLM: builds its
-request objects, and hands the plugin vLLM's argument parser."""
+"""With :mod:`._mm_engine` and :mod:`._mm_layouts` (the multimodal side), the one module that
+imports vLLM: builds its request objects, and hands the plugin vLLM's argument parser."""
 
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from itertools import pairwise
 from typing import Any
 
@@ -54,6 +53,7 @@ from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.tensors import MAX_TENSOR_BYTES, RawTensor, read_tensor
 from smg_servicer_mm_sidecar.protocol import MODALITIES, Fingerprint, limit_string, sorted_json
 from smg_servicer_vllm import releases
+from smg_servicer_vllm._mm_layouts import ItemLayout, item_layouts
 from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
     MODALITY_NAMES,
@@ -287,168 +287,6 @@ def _check_hashes(kwargs: Mapping[str, list[Any]], hashes: Mapping[str, list[str
                     f"mm_hashes: {item_hash[:80]!r} names two {modality} items with different "
                     "tensors"
                 )
-
-
-# What an item looks like, learnt from vLLM's own processor ------------------------------------
-
-
-def _kind(tensor: torch.Tensor) -> str:
-    return "floating" if tensor.is_floating_point() else "integer"
-
-
-@dataclass(frozen=True)
-class FieldLayout:
-    """One tensor of an item: floating or integer (bool counts as integer), and its shape, a
-    None where vLLM's processor varies the size."""
-
-    kind: str
-    shape: tuple[int | None, ...]
-
-    def show(self) -> str:
-        return "[" + ", ".join("*" if d is None else str(d) for d in self.shape) + "]"
-
-
-@dataclass(frozen=True)
-class ItemLayout:
-    """What vLLM's own processor gives one item of a modality for this model (learnt at start
-    from two items of different sizes, :func:`item_layouts`): its tensors, each one's kind and
-    shape, and how many embeddings the encoder makes of it — ``embeds`` when both items agree
-    (a fixed-size item), else ``embeds_per_row`` times the rows of ``rows_key`` when both agree
-    on that ratio, else not known (the ``max_embeds`` bound alone applies)."""
-
-    fields: Mapping[str, FieldLayout]
-    embeds: int | None = None
-    rows_key: str = ""
-    embeds_per_row: Fraction | None = None
-
-    def check(self, item: Any, where: str) -> int | None:
-        """INVALID_ARGUMENT unless ``item`` has this layout; the embeddings it makes (None:
-        not known)."""
-        names = set(item)
-        missing, unknown = sorted(set(self.fields) - names), sorted(names - set(self.fields))
-        if missing or unknown:
-            raise InvalidRequest(
-                f"{where}: tensors {sorted(names)}; this model takes {sorted(self.fields)}"
-            )
-        for name, want in self.fields.items():
-            data = item[name].data
-            if not isinstance(data, torch.Tensor):
-                continue
-            if _kind(data) != want.kind:
-                raise InvalidRequest(
-                    f"{where}: {name} is {str(data.dtype).removeprefix('torch.')}; this model "
-                    f"takes a {want.kind} tensor"
-                )
-            shape = tuple(int(d) for d in data.shape)
-            if len(shape) != len(want.shape) or any(
-                w is not None and w != g for w, g in zip(want.shape, shape, strict=True)
-            ):
-                raise InvalidRequest(
-                    f"{where}: {name} has shape {list(shape)}; this model takes {want.show()}"
-                )
-        return self.embeds_of(item)
-
-    def embeds_of(self, item: Any) -> int | None:
-        if self.embeds is not None:
-            return self.embeds
-        if self.embeds_per_row is None:
-            return None
-        data = item[self.rows_key].data
-        count = self.embeds_per_row * int(data.shape[0])
-        return int(count) if count.denominator == 1 else None
-
-
-def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout | None:
-    """The layout that every sample (an item and its embeddings) fits, or None when they do not
-    even agree on their tensors."""
-    first = samples[0][0]
-    if any(set(item) != set(first) for item, _ in samples):
-        return None
-    fields: dict[str, FieldLayout] = {}
-    # Checked in this order, so a request with several faults is told the same one every time:
-    # the primary tensor first (a wrong tile size is reported on the pixels, not on their mask).
-    for name in sorted(first, key=lambda n: (n != rows_key, n)):
-        datas = [item[name].data for item, _ in samples]
-        if not all(isinstance(d, torch.Tensor) for d in datas):
-            continue
-        shapes = [tuple(int(n) for n in d.shape) for d in datas]
-        kinds = {_kind(d) for d in datas}
-        if len({len(s) for s in shapes}) != 1 or len(kinds) != 1:
-            return None
-        dims = tuple(dim[0] if len(set(dim)) == 1 else None for dim in zip(*shapes, strict=True))
-        fields[name] = FieldLayout(kinds.pop(), dims)
-    counts = {embeds for _, embeds in samples}
-    if len(counts) == 1:
-        return ItemLayout(fields, embeds=counts.pop())
-    ratios: set[Fraction] = set()
-    for item, embeds in samples:
-        data = item[rows_key].data if rows_key in item else None
-        rows = int(data.shape[0]) if isinstance(data, torch.Tensor) and data.dim() else 0
-        ratios.add(Fraction(embeds, rows) if rows else Fraction(-1))
-    if len(ratios) == 1 and Fraction(-1) not in ratios:
-        return ItemLayout(fields, rows_key=rows_key, embeds_per_row=ratios.pop())
-    return ItemLayout(fields)  # the tensors are known, the count is not: the bound alone
-
-
-def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
-    """One item of ``modality`` as vLLM's processor makes it, at its largest and (images) at a
-    third of that: (item, embeddings)."""
-    from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415
-    from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415
-
-    seq_len = int(processor.info.ctx.model_config.max_model_len)
-    options: list[dict[str, Any]] = [{}]
-    if modality == "image":
-        largest: Any = processor.dummy_inputs.get_dummy_mm_data(seq_len, {"image": 1}, {})
-        image: Any = largest["image"][0] if isinstance(largest["image"], list) else largest["image"]
-        width, height = int(image.size[0]), int(image.size[1])
-        smaller = ImageDummyOptions(count=1, width=max(width // 3, 1), height=max(height // 4, 1))
-        options.append({"image": smaller})
-    samples: list[tuple[Any, int]] = []
-    for option in options:
-        inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, option)
-        out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
-        item = out["mm_kwargs"][modality][0]
-        samples.append((item, int(out["mm_placeholders"][modality][0].get_num_embeds())))
-    return samples
-
-
-def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout]:
-    """The item layout of each modality the model takes, from vLLM's own processor. A modality
-    whose items cannot be made here (no dummy builder for it, a processor that needs more than
-    a config) has none: its items are checked by the ``max_embeds`` bound alone."""
-    mc = engine.model_config
-    if not limits or not getattr(mc, "supports_multimodal_inputs", False):
-        return {}
-    layouts: dict[str, ItemLayout] = {}
-    try:
-        processor = MULTIMODAL_REGISTRY.create_processor(mc)
-    except Exception:
-        logger.info("no multimodal processor to learn item layouts from")
-        return {}
-    rows_key = {"image": "pixel_values", "video": "pixel_values_videos"}
-    for modality in limits:
-        try:
-            samples = _samples(processor, modality)
-        except Exception as exc:
-            logger.info("no %s item layout learnt (%s)", modality, type(exc).__name__)
-            continue
-        layout = _layout_of(samples, rows_key.get(modality, ""))
-        if layout is not None:
-            layouts[modality] = layout
-            logger.info(
-                "%s items: tensors %s, %s embeddings each",
-                modality,
-                {n: f.show() for n, f in layout.fields.items()},
-                layout.embeds
-                if layout.embeds is not None
-                else (
-                    f"{layout.embeds_per_row} per {layout.rows_key} row"
-                    if layout.embeds_per_row is not None
-                    else "an unknown number of"
-                ),
-            )
-    return layouts
 
 
 @dataclass(frozen=True)

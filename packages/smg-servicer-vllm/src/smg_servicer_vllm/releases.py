@@ -3,8 +3,8 @@
 Every difference is decided by **capability** (a module, keyword or attribute being there), never
 by comparing version strings: a release that back-ports or renames something is served by what
 it has. Engine-free: nothing here imports vLLM; each check reads the vLLM object the engine
-modules (``_engine``, ``_mm_engine``) or the duck-typed readers hand it, or the installed ``vllm``
-package's files. Release numbers below say where each capability appears
+modules (``_engine``, ``_mm_engine``, ``_mm_layouts``) or the duck-typed readers hand it, or the
+installed ``vllm`` package's files. Release numbers below say where each capability appears
 (``../shared/notes/engine-versions.md`` §1.3-1.4, read from the wheels).
 
 Each entry: the difference (where it appears) -> the capability read -> what happens without it.
