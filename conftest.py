@@ -11,7 +11,7 @@ import pytest
 pytest_plugins = ["smg_it.fixtures"]
 
 #: The tiers of ``[tool.pytest.ini_options] markers``: every test carries at least one.
-TIERS = ("unit", "contract", "engine", "integration", "reliability")
+TIERS = ("unit", "contract", "engine", "integration", "reliability", "conformance")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -98,3 +98,30 @@ def test_kv_event_sources_come_from_the_engine_only_when_it_can_report_them() ->
         raise RuntimeError("engine not started")
 
     assert releases.kv_event_sources(SimpleNamespace(get_kv_event_sources=not_yet)) == {}
+
+
+def test_the_launcher_is_decided_by_which_modules_the_release_has() -> None:
+    current, old = releases.LAUNCHER_MODULES
+    assert releases.launcher_for(lambda module: module in {current, old}) == current  # 0.30+
+    assert releases.launcher_for(lambda module: module == old) == old  # 0.19-0.29
+
+
+def test_multimodal_support_is_the_configurations_else_the_registrys() -> None:
+    def never(config: Any) -> bool:
+        raise AssertionError("the registry was asked")
+
+    # 0.31+: the configuration's property (the registry lost its method)
+    for supported in (True, False):
+        config = SimpleNamespace(supports_multimodal_inputs=supported, is_multimodal_model=True)
+        registry = SimpleNamespace(supports_multimodal_inputs=never)
+        assert releases.supports_multimodal_inputs(config, registry) is supported
+    # 0.19-0.30: the registry's method, asked about a multimodal model only
+    for supported in (True, False):
+        config = SimpleNamespace(is_multimodal_model=True)
+        registry = SimpleNamespace(supports_multimodal_inputs=lambda c, s=supported: s)
+        assert releases.supports_multimodal_inputs(config, registry) is supported
+    text = SimpleNamespace(is_multimodal_model=False)
+    assert not releases.supports_multimodal_inputs(
+        text, SimpleNamespace(supports_multimodal_inputs=never)
+    )
+    assert not releases.supports_multimodal_inputs(SimpleNamespace(), SimpleNamespace())  # a fake

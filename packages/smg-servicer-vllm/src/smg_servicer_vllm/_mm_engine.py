@@ -517,7 +517,7 @@ def tensor_facts(
 def mm_facts(engine: Any) -> MmFacts:
     """The model's multimodal facts; a text model (or ``--language-model-only``) has none."""
     mc = engine.model_config
-    if not getattr(mc, "supports_multimodal_inputs", False):
+    if not releases.supports_multimodal_inputs(mc, MULTIMODAL_REGISTRY):
         return MmFacts()
     processor = MULTIMODAL_REGISTRY.create_processor(mc)
     limits = {m: int(n) for m, n in processor.info.allowed_mm_limits.items() if n}
@@ -660,7 +660,7 @@ def sidecar_renderer(namespace: Any) -> tuple[Any, Any]:
     engine_args = AsyncEngineArgs.from_cli_args(namespace)
     engine_args.quantization = None  # the processor needs none; no weights are loaded
     vllm_config = engine_args.create_engine_config()
-    if not getattr(vllm_config.model_config, "supports_multimodal_inputs", False):
+    if not releases.supports_multimodal_inputs(vllm_config.model_config, MULTIMODAL_REGISTRY):
         return vllm_config, None
     renderer: Any = renderer_from_config(vllm_config)  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
     return vllm_config, renderer

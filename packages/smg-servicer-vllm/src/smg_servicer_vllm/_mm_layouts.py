@@ -153,7 +153,7 @@ def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout
     whose items cannot be made here (no dummy builder for it, a processor that needs more than
     a config) has none: its items are checked by the ``max_embeds`` bound alone."""
     mc = engine.model_config
-    if not limits or not getattr(mc, "supports_multimodal_inputs", False):
+    if not limits or not releases.supports_multimodal_inputs(mc, MULTIMODAL_REGISTRY):
         return {}
     layouts: dict[str, ItemLayout] = {}
     try:

@@ -5,26 +5,32 @@ by comparing version strings: a release that back-ports or renames something is 
 it has. Engine-free: nothing here imports vLLM; each check reads the vLLM object the engine
 modules (``_engine``, ``_mm_engine``, ``_mm_layouts``) or the duck-typed readers hand it, or the
 installed ``vllm`` package's files. Release numbers below say where each capability appears
-(``../shared/notes/engine-versions.md`` §1.3-1.4, read from the wheels).
+(``../shared/notes/engine-versions.md`` §1.3-1.4, read from the wheels). Every entry is checked
+against each release's published wheel by ``tests/test_release_conformance.py``, which runs
+these same functions on what the wheel's sources have.
 
 Each entry: the difference (where it appears) -> the capability read -> what happens without it.
 
 - gRPC launcher module ``vllm.entrypoints.launchers.grpc_server`` (0.30+) -> its file in the
-  installed ``vllm`` package (:func:`launcher_module`) -> ``vllm.entrypoints.grpc_server``
-  (0.18-0.29; 0.30+ keep that name as a shim);
+  installed ``vllm`` package (:func:`launcher_module`, deciding by :func:`launcher_for`) ->
+  ``vllm.entrypoints.grpc_server`` (0.18-0.29; 0.30+ keep that name as a shim);
 - ``MultiModalBudget(vllm_config, registry, *, enable_cache=)`` (0.27+) -> the keyword
   (:func:`keywords`) -> the budget built without it;
 - ``renderer.process_for_engine_async(prompt, arrival_time, *, skip_mm_cache=)`` (0.20+) -> the
   keyword -> called without it;
-- the multimodal processor's ``get_dummy_inputs(seq_len, counts, options)`` (in 0.32, not in
-  0.27: found running there; 0.27 has ``processor.dummy_inputs.get_dummy_processor_inputs`` with
-  the same arguments) -> the method (:func:`dummy_inputs`) -> the dummy builder's;
+- the multimodal processor's ``get_dummy_inputs(seq_len, counts, options)`` (0.31+; 0.19-0.30
+  have ``processor.dummy_inputs.get_dummy_processor_inputs`` with the same arguments, removed in
+  0.31) -> the method (:func:`dummy_inputs`) -> the dummy builder's;
+- ``ModelConfig.supports_multimodal_inputs`` (0.31+, a property; 0.19-0.30 have
+  ``MultiModalRegistry.supports_multimodal_inputs(model_config)``, removed in 0.31) -> the
+  property (:func:`supports_multimodal_inputs`) -> the registry's method (without it, every
+  model was taken for a text model on 0.19-0.30: found reading the wheels);
 - ``AsyncLLM.get_kv_event_sources()`` (0.31+) -> the method (:func:`kv_event_sources`) -> the
   configured base port plus the rank (:mod:`.kv_events`);
 - exceptions: ``VLLMClientError`` (0.27+), ``GracefulHTTPError`` in ``vllm.exceptions`` (0.29+),
-  ``GenerationError``/``RetryableRequestError`` (0.32+) -> matched by class *name* along the
-  MRO, wherever vLLM defines them (:mod:`.errors`) -> a bare ``ValueError``/``TypeError`` while
-  the request is built is still INVALID_ARGUMENT;
+  ``GenerationError`` (0.29+), ``RetryableRequestError`` (0.32+) -> matched by class *name*
+  along the MRO, wherever vLLM defines them (:mod:`.errors`) -> a bare ``ValueError`` or
+  ``TypeError`` while the request is built is still INVALID_ARGUMENT;
 - the launcher's keepalive options, misspelt on 0.18-0.30 -> the options the server is built
   with (:func:`.plugin.fix_keepalive` adds only those it lacks) -> -;
 - ``AsyncLLM.get_num_unfinished_requests()`` (0.29+) -> not needed: we read
@@ -44,6 +50,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +61,30 @@ _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 def launcher_module() -> str:
     """The installed vLLM's gRPC launcher module (``python -m <it>``), found without importing
-    vLLM: the current name when its file is there (or no vLLM is installed), else the old one."""
+    vLLM (:func:`launcher_for` over the installed package's files); the current name when no
+    vLLM is installed."""
     spec = importlib.util.find_spec("vllm")  # a top-level name: located, not imported
     if spec is None or not spec.submodule_search_locations:
         return LAUNCHER_MODULES[0]
-    for location in spec.submodule_search_locations:
-        launchers = Path(location) / "entrypoints" / "launchers"
-        if (launchers / "grpc_server.py").is_file():
-            return LAUNCHER_MODULES[0]
-    return LAUNCHER_MODULES[1]
+    locations = [Path(location) for location in spec.submodule_search_locations]
+
+    def exists(module: str) -> bool:
+        relative = Path(*module.split(".")[1:])
+        return any(
+            (folder / relative).with_suffix(".py").is_file()
+            or (folder / relative / "__init__.py").is_file()
+            for folder in locations
+        )
+
+    return launcher_for(exists)
+
+
+def launcher_for(module_exists: Callable[[str], bool]) -> str:
+    """The launcher module of a vLLM release whose modules are ``module_exists`` (a dotted
+    name -> is it in the release): the current name when that module is there, else the old
+    one. Pure: the installed package (:func:`launcher_module`) and a release's wheel (the
+    conformance test) are asked the same way."""
+    return LAUNCHER_MODULES[0] if module_exists(LAUNCHER_MODULES[0]) else LAUNCHER_MODULES[1]
 
 
 @functools.cache
@@ -107,3 +129,17 @@ def kv_event_sources(engine: Any) -> dict[int, Any]:
         return {int(k): v for k, v in dict(reported).items()}
     except Exception:  # an engine that cannot report yet: derive the endpoints
         return {}
+
+
+def supports_multimodal_inputs(model_config: Any, registry: Any) -> bool:
+    """The model takes multimodal input (a multimodal model with a modality not limited to 0):
+    ``ModelConfig.supports_multimodal_inputs`` (0.31+, a property) where the configuration has
+    it, else the registry's ``supports_multimodal_inputs(model_config)`` (0.19-0.30; removed in
+    0.31). A configuration that is not a multimodal model's is never asked further."""
+    own: Any = getattr(model_config, "supports_multimodal_inputs", None)
+    if own is not None:
+        return bool(own() if callable(own) else own)
+    if not getattr(model_config, "is_multimodal_model", False):
+        return False
+    check: Any = getattr(registry, "supports_multimodal_inputs", None)
+    return bool(check(model_config)) if callable(check) else False

