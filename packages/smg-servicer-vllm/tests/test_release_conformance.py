@@ -922,8 +922,11 @@ def _check_server(reading: Reading, chosen: str, serve: Symbol) -> None:
 
 
 def _check_grace(reading: Reading, chosen: str, source: ast.Module) -> None:
-    """plugin.VLLM_LAUNCHER_GRACE_S: the launcher stops its server with at most that grace (the
-    stop deadline the health servicer arms is that grace plus ``--shutdown-margin``)."""
+    """The launcher stops its server within what :func:`releases.launcher_stop_s` allows (the stop
+    deadline the health servicer arms is that plus ``--shutdown-margin``): a fixed grace of at most
+    ``releases.LAUNCHER_GRACE_S``, or 0.34's drain, ``max(<--shutdown-timeout>, <that grace>)``
+    followed by the module's teardown and flush waits (``*_TEARDOWN_S``, ``*_FLUSH_S``), which
+    must fit in ``releases.LAUNCHER_DRAIN_EXTRA_S``."""
     local = {
         target.id: node.value
         for node in ast.walk(source)
@@ -941,20 +944,53 @@ def _check_grace(reading: Reading, chosen: str, source: ast.Module) -> None:
         value = _constant(reading.tree, chosen, given[0])
         if value is None:
             continue  # grace=None: stop at once
-        if isinstance(value, int | float) and value <= plugin.VLLM_LAUNCHER_GRACE_S:
+        if isinstance(value, int | float) and value <= releases.LAUNCHER_GRACE_S:
+            continue
+        bound = local.get(given[0].id) if isinstance(given[0], ast.Name) else None
+        if bound is not None and _covered_drain(reading, chosen, source, bound):
             continue
         shown = ast.unparse(given[0])
-        if isinstance(given[0], ast.Name) and given[0].id in local:
-            shown += f" = {ast.unparse(local[given[0].id])}"
+        if bound is not None:
+            shown += f" = {ast.unparse(bound)}"
         longer.append(shown)
     if longer:
         reading.problem(
-            f"{chosen} stops its server with grace {'; '.join(longer)}, not a fixed "
-            f"{plugin.VLLM_LAUNCHER_GRACE_S} s or less: our stop deadline "
-            "(plugin.py: shutdown_deadline() = VLLM_LAUNCHER_GRACE_S + --shutdown-margin, armed "
-            "by health_servicer.py: set_not_serving()) kills the engine before a longer drain "
-            "ends"
+            f"{chosen} stops its server with grace {'; '.join(longer)}, neither a fixed "
+            f"{releases.LAUNCHER_GRACE_S} s or less nor the drain releases.launcher_stop_s() "
+            "covers: our stop deadline (plugin.py: shutdown_deadline(), armed by "
+            "health_servicer.py: set_not_serving()) kills the engine before it ends"
         )
+
+
+def _covered_drain(reading: Reading, chosen: str, source: ast.Module, grace: ast.expr) -> bool:
+    """``grace`` is ``max(<...shutdown_timeout...>, <constant grace>)`` and the waits after it
+    fit in what :func:`releases.launcher_stop_s` adds (noted on the reading when they do)."""
+    if not (isinstance(grace, ast.Call) and _dotted_name(grace.func) == "max"):
+        return False
+    if len(grace.args) != 2 or not any("shutdown_timeout" in ast.unparse(a) for a in grace.args):
+        return False
+    fixed = [_constant(reading.tree, chosen, a) for a in grace.args]
+    floors = [v for v in fixed if isinstance(v, int | float)]
+    if len(floors) != 1 or floors[0] > releases.LAUNCHER_GRACE_S:
+        return False
+    extras = {
+        target.id: node.value.value
+        for node in source.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id.endswith(("_TEARDOWN_S", "_FLUSH_S"))
+    }
+    waits = sum(float(v) for v in extras.values() if isinstance(v, int | float))
+    if waits > releases.LAUNCHER_DRAIN_EXTRA_S:
+        return False
+    for timeout in (1, 30, 600):  # what our deadline allows covers the drain at every timeout
+        if releases.launcher_stop_s(timeout) < max(timeout, floors[0]) + waits:
+            return False
+    reading.notes.append(
+        f"stop: drains max(--shutdown-timeout, {floors[0]}) + {waits:g} s "
+        f"({', '.join(sorted(extras))}): releases.launcher_stop_s covers it"
+    )
+    return True
 
 
 def _check_vllm_serve(reading: Reading) -> None:

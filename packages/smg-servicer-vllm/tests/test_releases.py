@@ -125,3 +125,11 @@ def test_multimodal_support_is_the_configurations_else_the_registrys() -> None:
         text, SimpleNamespace(supports_multimodal_inputs=never)
     )
     assert not releases.supports_multimodal_inputs(SimpleNamespace(), SimpleNamespace())  # a fake
+
+
+def test_the_launcher_stop_bound_covers_0_34s_drain() -> None:
+    """0-s --shutdown-timeout (every release's default): the launcher's fixed 5 s grace; above 0,
+    0.34 drains max(T, 5) s, then tears the engine down and flushes (5 + 5 s)."""
+    assert releases.launcher_stop_s(0) == releases.LAUNCHER_GRACE_S == 5.0
+    assert releases.launcher_stop_s(2) == 5.0 + 10.0
+    assert releases.launcher_stop_s(60) == 60.0 + 10.0

@@ -324,6 +324,24 @@ def test_the_launcher_module_gains_the_ssl_flags_and_the_margin(
     assert launch is not None and launch.tls is not None and launch.shutdown_margin_s == 4.0
 
 
+def test_the_stop_deadline_covers_vllms_own_shutdown_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.34's launcher drains for ``--shutdown-timeout`` (vLLM's own flag) before it tears the
+    engine down: the deadline the health servicer arms waits for that, then the margin."""
+    launcher_parser(monkeypatch).parse_args(
+        ["--model", MODEL, "--shutdown-timeout", "40", "--shutdown-margin", "3"]
+    )
+    launch = plugin.launcher_settings()
+    assert launch is not None and launch.shutdown_timeout_s == 40.0
+    monkeypatch.setattr(plugin, "in_launcher_process", lambda: True)
+    deadline = plugin.shutdown_deadline()
+    assert deadline is not None
+    assert (
+        (deadline.grace_s, deadline.margin_s) == (releases.launcher_stop_s(40), 3.0) == (50.0, 3.0)
+    )
+
+
 def test_the_variables_are_the_fallback(pki: MutualTls, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SMG_SERVICER_SSL_CERTFILE", str(pki.server[0]))
     monkeypatch.setenv("SMG_SERVICER_SSL_KEYFILE", str(pki.server[1]))

@@ -24,7 +24,8 @@ In the launcher process the plugin also:
   checked at the parse (exit 2 on a bad one); vLLM's own ``add_insecure_port`` then binds a secure
   port instead (:func:`secure_ports`);
 - bounds the launcher's stop: from the moment vLLM's launcher starts to shut down (it sets the
-  health servicer NOT_SERVING), its 5 s gRPC grace plus ``--shutdown-margin``
+  health servicer NOT_SERVING), its 5 s gRPC grace (0.34 with vLLM's ``--shutdown-timeout T``:
+  ``max(T, 5) + 10`` s, its drain) plus ``--shutdown-margin``
   (``SMG_SERVICER_SHUTDOWN_MARGIN_S``, 15 s) may pass before the engine's processes are killed
   by PID and the process exits 1 (core's ``shutdown``);
 - gives every gRPC server it builds the keepalive options vLLM 0.31+ sets itself
@@ -50,6 +51,7 @@ from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN, ShutdownDeadline
 from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 from smg_servicer_core.wire_guard import tolerant_add
+from smg_servicer_vllm import releases
 from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
 from smg_servicer_vllm.releases import LAUNCHER_MODULES
 
@@ -58,8 +60,9 @@ _MARK = "_smg_servicer_wrapped"
 SETTINGS_ENV = tuple(
     s.env for s in (*SETTINGS, *metrics_settings("vllm"), SHUTDOWN_MARGIN, *TLS_SETTINGS) if s.env
 )
-#: vLLM's gRPC launcher stops its server with this grace (``server.stop(grace=5.0)``).
-VLLM_LAUNCHER_GRACE_S = 5.0
+#: vLLM's gRPC launcher stops its server with this grace (``server.stop(grace=5.0)``); 0.34
+#: drains longer with ``--shutdown-timeout`` (:func:`.releases.launcher_stop_s`).
+VLLM_LAUNCHER_GRACE_S = releases.LAUNCHER_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class LauncherSettings:
     metrics: ResolvedSettings
     tls: ServerTls | None = None
     shutdown_margin_s: float = SHUTDOWN_MARGIN.default
+    #: vLLM's own ``--shutdown-timeout`` (0.34's launcher drains for it)
+    shutdown_timeout_s: float = 0.0
 
 
 #: The last gRPC parse's settings (at most one entry: "launch").
@@ -125,6 +130,7 @@ def resolve_launch(namespace: argparse.Namespace) -> LauncherSettings:
         metrics=resolve(metrics_settings("vllm"), namespace, environ),
         tls=load_server_tls(resolve(TLS_SETTINGS, namespace, environ)),
         shutdown_margin_s=resolve((SHUTDOWN_MARGIN,), namespace, environ)[SHUTDOWN_MARGIN.name],
+        shutdown_timeout_s=float(getattr(namespace, "shutdown_timeout", 0) or 0),
     )
 
 
@@ -210,7 +216,8 @@ def shutdown_deadline() -> ShutdownDeadline | None:
     settings = launcher_settings()
     if settings is None or not in_launcher_process():
         return None
-    return ShutdownDeadline(VLLM_LAUNCHER_GRACE_S, settings.shutdown_margin_s)
+    grace = releases.launcher_stop_s(settings.shutdown_timeout_s)
+    return ShutdownDeadline(grace, settings.shutdown_margin_s)
 
 
 _ADD_MARK = "_smg_launcher_add"

@@ -54,6 +54,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+#: vLLM's gRPC launcher stops its server with this grace once it has called ``set_not_serving``
+#: (``server.stop(grace=5.0)``; 0.34's ``_RPC_GRACE_S``).
+LAUNCHER_GRACE_S = 5.0
+#: What 0.34's drain (``--shutdown-timeout`` above 0) adds after the RPCs' grace: the engine's
+#: teardown and the last RPC flush (``_ENGINE_TEARDOWN_S + _RPC_FLUSH_S``).
+LAUNCHER_DRAIN_EXTRA_S = 10.0
+
+
+def launcher_stop_s(shutdown_timeout: float) -> float:
+    """The longest vLLM's gRPC launcher takes to stop after ``set_not_serving``: its fixed grace
+    (0.19-0.33; 0.34 with ``--shutdown-timeout 0``), or 0.34's drain, ``max(--shutdown-timeout,
+    grace)`` plus teardown and flush. Not decided by release: before 0.34 the flag exists but
+    only the HTTP server honours it, so there the longer bound only lengthens the safety net
+    (the stop deadline, :func:`.plugin.shutdown_deadline`)."""
+    if shutdown_timeout <= 0:
+        return LAUNCHER_GRACE_S
+    return max(float(shutdown_timeout), LAUNCHER_GRACE_S) + LAUNCHER_DRAIN_EXTRA_S
+
+
 #: vLLM's gRPC launcher module: the current name (0.30+) first, then the one before (0.18-0.29).
 LAUNCHER_MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.grpc_server")
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
