@@ -14,7 +14,7 @@
 # one fails loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
+export UV_LINK_MODE="${UV_LINK_MODE:-hardlink}" UV_NO_PROGRESS=1
 versions=("$@")
 [[ ${#versions[@]} -gt 0 ]] || versions=(3.10 3.12 3.13)
 status=0

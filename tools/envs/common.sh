@@ -17,7 +17,7 @@ env_stale() {
         echo "$name env up to date: $venv"
         exit 0
     fi
-    export UV_LINK_MODE="${UV_LINK_MODE:-copy}" UV_NO_PROGRESS=1
+    export UV_LINK_MODE="${UV_LINK_MODE:-hardlink}" UV_NO_PROGRESS=1
     rm -rf "$venv"
     uv venv --quiet --python 3.11 "$venv"
     export VIRTUAL_ENV="$venv"
