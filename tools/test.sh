@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite (the README's test command). Four environments:
+# The whole test suite (the README's test command). Six environments:
 #   1. the uv workspace (.venv): every package's unit and contract tests, the vLLM and MLX engine
 #      tests, tests-integration/ (the real router in front of every engine) and tools/;
 #   2. the SGLang CPU environment (.venv-sglang, tools/envs/sglang-cpu/install.sh):
@@ -7,7 +7,10 @@
 #   3. the TokenSpeed CPU environment (.venv-tokenspeed, tools/envs/tokenspeed-cpu/install.sh):
 #      packages/smg-servicer-tokenspeed/tests/engine;
 #   4. the vLLM 0.27 CPU environment (.venv-vllm027, tools/envs/vllm027-cpu/install.sh): the
-#      vLLM package's tests and the vLLM router round trip again, on an older vLLM release.
+#      vLLM package's tests and the vLLM router round trip again, on an older vLLM release;
+#   5. the MLX floor (.venv-mlx032): the MLX package's tests on mlx and mlx-lm 0.32.0;
+#   6. the SGLang floor (.venv-sglang0520): the SGLang package's tests and the SGLang router
+#      round trip on SGLang 0.5.20.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 #: Environments of an older engine release: they run again, on that release, paths the
 #: workspace runs (selected by their pytest command's ``-k``), so they are outside "once".
-RERUNS = {"vllm027": "-k vllm", "mlx032": "-m pytest", "sglang0520": "-m pytest"}
+RERUNS = {"vllm027": "-k vllm", "mlx032": "-m pytest", "sglang0520": "-k sglang"}
 
 
 def listed_jobs() -> list[dict[str, str]]:
