@@ -32,8 +32,10 @@ FIX = (
 
 def _recorded(name: str, path: Sequence[str] | None) -> set[str] | None:
     """The files distribution ``name`` records (RECORD), or None when it is not installed."""
-    where = {} if path is None else {"path": list(path)}
-    found = list(metadata.distributions(name=name, **where))
+    if path is None:
+        found = list(metadata.distributions(name=name))
+    else:
+        found = list(metadata.distributions(name=name, path=list(path)))
     if not found:
         return None
     return {str(file) for dist in found for file in (dist.files or ())}
