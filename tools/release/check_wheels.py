@@ -371,12 +371,18 @@ def check_vllm(dist: Path, work: Path) -> str:
     )
 
 
-def check_sglang(dist: Path, work: Path) -> str:
-    venv = work / "venv-sglang"
+def runtime_env(engine: str, work: Path) -> Path:
+    """The engine's CPU test environment (``tools/envs/<engine>-cpu``) without the checkout's
+    packages, as a user's engine runtime is before our install: its python."""
+    venv = work / f"venv-{engine}"
     shutil.rmtree(venv, ignore_errors=True)  # its stamp would keep an older install of ours
-    run(["bash", REPO / "tools/envs/sglang-cpu/install.sh", venv],
+    run(["bash", REPO / f"tools/envs/{engine}-cpu/install.sh", venv],
         env={"SMG_ENV_WITHOUT_CHECKOUT": "1"}, timeout=1800)  # fmt: skip
-    python = venv / "bin" / "python"
+    return venv / "bin" / "python"
+
+
+def check_sglang(dist: Path, work: Path) -> str:
+    python = runtime_env("sglang", work)
     pip_install(python, dist, "smg-grpc-servicer", "smg-servicer-sglang")
     where = run([python, "-c", "import smg_servicer_sglang; print(smg_servicer_sglang.__file__)"])
     if str(REPO / "packages") in where:
@@ -423,11 +429,8 @@ def records(python: Path) -> dict[str, list[str]]:
 
 
 def check_tokenspeed(dist: Path, work: Path) -> str:
-    venv = work / "venv-tokenspeed"
-    shutil.rmtree(venv, ignore_errors=True)  # its stamp would keep an older install of ours
-    run(["bash", REPO / "tools/envs/tokenspeed-cpu/install.sh", venv],
-        env={"SMG_ENV_WITHOUT_CHECKOUT": "1"}, timeout=1800)  # fmt: skip
-    python = venv / "bin" / "python"
+    python = runtime_env("tokenspeed", work)
+    venv = python.parent.parent
     # TokenSpeed's runtime as `pip install tokenspeed` leaves it: the forks it pins (with --no-deps:
     # the rest of their requirements is the CUDA stack), not the proto we use.
     run([python, "-m", "pip", "uninstall", "-y", "--quiet", "smg-grpc-proto"])
