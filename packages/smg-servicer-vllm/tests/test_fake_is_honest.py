@@ -49,8 +49,11 @@ async def test_stream_shape_for_n2(stack: tuple[Any, Any]) -> None:
             if (r.chunk.index if r.HasField("chunk") else r.complete.index) == index
         ]
         kinds = [r.WhichOneof("response") for r in mine]
-        assert kinds == ["chunk"] * 5 + ["complete"], kinds
-        assert all(r.chunk.completion_tokens == len(r.chunk.token_ids) == 1 for r in mine[:-1])
+        # One chunk per token, except where the stream fell behind the engine: then the waiting
+        # outputs go out as one chunk (adaptive coalescing), as a loaded machine shows.
+        assert kinds[-1] == "complete" and set(kinds[:-1]) == {"chunk"}, kinds
+        assert all(r.chunk.completion_tokens == len(r.chunk.token_ids) >= 1 for r in mine[:-1])
+        assert sum(len(r.chunk.token_ids) for r in mine[:-1]) == 5
         assert mine[-1].complete.completion_tokens == 5
         assert mine[-1].complete.finish_reason == "length"
         assert list(mine[-1].complete.output_ids) == list(mine[-2].chunk.token_ids)
