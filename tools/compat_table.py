@@ -14,6 +14,7 @@ wheel check resolves the engine's own extra to our servicer), or only declared.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -157,13 +158,19 @@ def results_outcome() -> Callable[[str, str], str]:
             run = load(f"run-{key}.json")
             if not run:
                 return " **no record**"
-            args = " ".join(str(a) for a in run.get("args", []) or [])  # type: ignore[union-attr]
-            return f" **{run['passed']} passed, {run['failed']} failed** ({args or 'all'})"
+            return f" **{run['passed']} passed, {run['failed']} failed**{_selection(run)}"
         if kind == "read":
             return f" **{read.get(key, 'no record')}**"
         return ""
 
     return outcome
+
+
+def _selection(run: dict[str, object]) -> str:
+    """The session's ``-k``/``-m`` selection, shown: a partial session says so."""
+    args = [str(a) for a in run.get("args", []) or []]  # type: ignore[union-attr]
+    picked = [f"{a} {b}" for a, b in itertools.pairwise(args) if a in ("-k", "-m")]
+    return f" ({'; '.join(picked)})" if picked else ""
 
 
 def main(argv: list[str] | None = None) -> int:
