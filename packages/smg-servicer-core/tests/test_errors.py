@@ -250,3 +250,55 @@ def test_grpc_s_traceback_for_a_client_gone_mid_send_is_one_debug_line(caplog) -
         logging.ERROR,
         "Unexpected [E] raised by servicer method [/x/Y]",
     ) in records
+
+
+class _Recorder:
+    """A metrics observer that records what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def call(self, rpc: str) -> _Recorder:
+        return self
+
+    def message(self, item: Any) -> None:
+        self.events.append("message")
+
+    def done(self, code: str) -> None:
+        self.events.append(f"done {code}")
+
+
+class _AbortingContext:
+    """What ``grpc.aio`` does on ``abort``: the status goes out, then AbortError is raised."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.recorder.events.append(f"status {code.name}")
+        raise grpc.aio.AbortError()
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL
+
+
+@pytest.mark.unit
+async def test_a_failed_call_is_counted_before_its_status_goes_out() -> None:
+    """``context.abort`` sends the status before it raises: the call's outcome must be in the
+    metrics by then, once, or a client reading ``/metrics`` on seeing the status misses it."""
+    servicer = RaisingServicer()
+    servicer.to_raise = errors.Aborted("stopped by an Abort RPC")
+    recorder = _Recorder()
+    servicer.metrics = recorder  # type: ignore[attr-defined]
+    context = _AbortingContext(recorder)
+    with pytest.raises(grpc.aio.AbortError):
+        async for _ in servicer.Generate(mlx_generate([1, 2]), context):
+            pass
+    assert recorder.events == ["message", "done ABORTED", "status ABORTED"]
+    recorder.events.clear()
+    with pytest.raises(grpc.aio.AbortError):
+        await servicer.GetServerInfo(pb.GetServerInfoRequest(), context)
+    assert recorder.events == ["done ABORTED", "status ABORTED"]

@@ -241,8 +241,9 @@ def grpc_errors(method: _F) -> _F:
     :func:`~smg_servicer_core.wire_guard.tolerant_add`'s deserializer) is refused with
     INVALID_ARGUMENT before the method runs. ``grpc.aio`` abort errors and cancellation pass
     through untouched. When the servicer has a ``metrics`` observer (not None), every call
-    reports its messages and final status code to it; without one the wrapper adds nothing to
-    the call.
+    reports its messages and final status code to it, an error's before its status is sent
+    (``context.abort`` sends it at once, so a client that sees the status and then reads
+    ``/metrics`` finds the call counted); without one the wrapper adds nothing to the call.
     """
     if inspect.isasyncgenfunction(method):
         return cast(_F, _stream_wrapper(cast(Callable[..., AsyncGenerator[Any, None]], method)))
@@ -250,6 +251,21 @@ def grpc_errors(method: _F) -> _F:
 
 
 _Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def _first_only(report: Callable[[str], None]) -> Callable[[str], None]:
+    """``report``, run by the first call only (a call's outcome is counted once)."""
+    pending = [report]
+
+    def once(code: str) -> None:
+        if pending:
+            pending.pop()(code)
+
+    return once
+
+
+def _ignore(code: str) -> None:
+    """No observer: nothing to report."""
 
 
 def _stream_wrapper(
@@ -274,6 +290,7 @@ def _stream_wrapper(
             return
         call = observer.call(name)
         message = call.message
+        done = _first_only(call.done)
         code = "OK"
         try:
             if type(request) is MalformedRequest:
@@ -291,10 +308,12 @@ def _stream_wrapper(
             code = "CANCELLED"
             raise
         except Exception as exc:
-            code = status_for(exc)[0].name
+            # Counted before the status goes out: ``context.abort`` sends it at once, and a
+            # client that reads ``/metrics`` on seeing it must find this call counted.
+            done(status_for(exc)[0].name)
             await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
         finally:
-            call.done(code)
+            done(code)
 
     return stream_wrapper
 
@@ -305,7 +324,7 @@ def _unary_wrapper(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
     @functools.wraps(method)
     async def unary_wrapper(self: object, request: object, context: _Ctx) -> Any:
         observer: _Observer | None = getattr(self, "metrics", None)
-        call = observer.call(name) if observer is not None else None
+        done = _first_only(observer.call(name).done) if observer is not None else _ignore
         code = "OK"
         try:
             if type(request) is MalformedRequest:
@@ -318,11 +337,10 @@ def _unary_wrapper(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
             code = "CANCELLED"
             raise
         except Exception as exc:
-            code = status_for(exc)[0].name
+            done(status_for(exc)[0].name)  # counted before ``context.abort`` sends the status
             await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
         finally:
-            if call is not None:
-                call.done(code)
+            done(code)
 
     return unary_wrapper
 
