@@ -38,8 +38,9 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def images_unserved(model: Path) -> str | None:
     """Why the installed vLLM cannot serve ``model``'s images, or None: its own processor makes
     an image item without pixel rows, and its engine dies on the first image. vLLM 0.27's
-    Idefics3 counts 0 patches for a model without image splitting, as the tiny VLM is (later
-    releases count at least 1): read from what the processor makes, not from the version."""
+    Idefics3 takes its patch count from transformers 5, which counts 0 patches for an image that
+    is not split (later releases count at least 1): read from what the processor makes, not from
+    the version."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
@@ -47,20 +48,38 @@ def images_unserved(model: Path) -> str | None:
 
     config = EngineArgs(model=str(model), dtype="float32", max_model_len=1024)
     processor = MULTIMODAL_REGISTRY.create_processor(config.create_model_config())
-    item, _ = _mm_layouts._samples(processor, "image")[0]  # pyright: ignore[reportPrivateUsage]
+    item, _ = _mm_layouts.sample(processor, "image")
     rows = int(item["pixel_values"].data.shape[0])
     if rows:
         return None
-    return "this vLLM's processor makes 0 pixel rows for the tiny VLM's images (vLLM 0.27 bug)"
+    return f"this vLLM's processor makes 0 pixel rows for {model.name}'s images"
+
+
+#: The tiny VLM's shape where the installed vLLM serves no image that is not split (vLLM 0.27):
+#: every picture resized to 112 pixels and split into four 56-pixel tiles plus a global image.
+SPLIT_EDGE = 112
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm() -> Path:
+    """The tiny VLM these tests' engines serve: the shared one (no image splitting), or, where
+    the installed vLLM cannot serve its images (:func:`images_unserved`), the same model with
+    image splitting on (:data:`SPLIT_EDGE`), which every release serves. Fails if neither is."""
+    from smg_it.paths import model_cache
+    from smg_servicer_core.testing.tiny_vlm import TinyVlmSpec, cached_tiny_vlm
+
+    model = cached_tiny_vlm(model_cache())
+    if images_unserved(model) is None:
+        return model
+    split = cached_tiny_vlm(model_cache(), TinyVlmSpec(split_edge=SPLIT_EDGE))
+    if (why := images_unserved(split)) is not None:
+        pytest.fail(why)
+    return split
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vlm_llm(tiny_vlm: Path, media_dir: Path) -> AsyncIterator[Any]:
-    """One real vLLM CPU engine of the tiny VLM, shared by the multimodal modules. Fails at once
-    where the installed vLLM cannot serve its images (:func:`images_unserved`: vLLM 0.27, whose
-    environment leaves these modules out) rather than letting the engine die on the first one."""
-    if (why := images_unserved(tiny_vlm)) is not None:
-        pytest.fail(why)
+    """One real vLLM CPU engine of the tiny VLM, shared by the multimodal modules."""
     llm = build_llm(
         tiny_vlm,
         kv_cache_memory_bytes=64 << 20,

@@ -284,7 +284,7 @@ def _uses() -> list[Use]:
         # _mm_layouts.py: the processor's dummy items
         u(
             "vllm.config.multimodal:ImageDummyOptions",
-            "_mm_layouts.py: _samples()",
+            "_mm_layouts.py: sample()",
             0,
             "count",
             "width",
@@ -292,11 +292,11 @@ def _uses() -> list[Use]:
         ),
         u(
             "vllm.multimodal.processing.context:TimingContext",
-            "_mm_layouts.py: _samples()",
+            "_mm_layouts.py: sample()",
             0,
             "enabled",
         ),
-        u(f"{processor}.apply", "_mm_layouts.py: _samples()", 1, "timing_ctx"),
+        u(f"{processor}.apply", "_mm_layouts.py: sample()", 1, "timing_ctx"),
         *read(processor, "_mm_layouts.py, _mm_engine.py", "info", "dummy_inputs"),
         *read(
             "vllm.multimodal.processing:BaseProcessingInfo",

@@ -407,7 +407,8 @@ async def test_a_forged_hello_and_a_forged_result(
         # A result that places more embeddings than the model makes for one image (it would
         # fail inside the engine and kill it) or undecodable tensors: refused, engine unharmed.
         image = ids["<image>"]
-        for placeholder, blob in [(p.Placeholder(5, 20), b"x"), (p.Placeholder(5, 4), b"\xc1")]:
+        # 200 positions: more than any picture of the tiny VLM makes (4 embeddings, or 20 split).
+        for placeholder, blob in [(p.Placeholder(5, 200), b"x"), (p.Placeholder(5, 4), b"\xc1")]:
             call = asyncio.create_task(refused(stub, request))
             _, raw = await control.brpop([keys.jobs], timeout=5)
             job = p.decode_job(raw)
@@ -415,7 +416,7 @@ async def test_a_forged_hello_and_a_forged_result(
                 forged,
                 job_id=job.job_id,
                 fingerprint=ours,
-                prompt_token_ids=[*ids["one"][:5], *([image] * 20), *ids["one"][5:]],
+                prompt_token_ids=[*ids["one"][:5], *([image] * 200), *ids["one"][5:]],
                 mm_hashes={"image": ["h"]},
                 mm_placeholders={"image": [placeholder]},
                 mm_kwargs={"image": [blob]},

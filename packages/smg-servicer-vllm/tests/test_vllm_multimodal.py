@@ -20,6 +20,7 @@ from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.media import MediaServer, data_url, png_image
+from smg_servicer_core.testing.tiny_vlm import AnchorLayout, anchor_layout
 from smg_servicer_vllm.mm_settings import MmSettings
 from smg_servicer_vllm.testing.multimodal import (
     MAX_TOKENS,
@@ -60,6 +61,12 @@ def ids(tiny_vlm: Path) -> dict[str, Any]:
     return vlm_prompts(tiny_vlm)
 
 
+@pytest.fixture(scope="module")
+def layout(tiny_vlm: Path) -> dict[str, AnchorLayout]:
+    """What one anchor becomes for the media folder's pictures (a.png 40x50, b.png 64x30)."""
+    return {"a": anchor_layout(tiny_vlm, 40, 50), "b": anchor_layout(tiny_vlm, 64, 30)}
+
+
 async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await complete(stub, request)
@@ -69,14 +76,14 @@ async def refused(stub: Any, request: pb.GenerateRequest) -> grpc.aio.AioRpcErro
 # Media refs --------------------------------------------------------------------------------------
 
 
-async def test_a_data_url_gives_the_engines_own_ids(vlm, vlm_llm, ids) -> None:
+async def test_a_data_url_gives_the_engines_own_ids(vlm, vlm_llm, ids, layout) -> None:
     _, stub = vlm
     image = png_image(40, 50, seed=1)
     want, prompt_len = await reference(vlm_llm, ids["one"], [image])
     got = await complete(stub, media_request(ids["one"], data_url(image)))
     assert list(got.output_ids) == want
-    # The worker expanded the one anchor to 7 positions (4 embeddings).
-    assert got.prompt_tokens == prompt_len == len(ids["one"]) + 6
+    # The worker expanded the one anchor (7 positions, 4 embeddings without image splitting).
+    assert got.prompt_tokens == prompt_len == len(ids["one"]) + layout["a"].positions - 1
 
 
 async def test_a_file_url_and_an_http_url_give_the_same_ids(
@@ -89,7 +96,7 @@ async def test_a_file_url_and_an_http_url_give_the_same_ids(
     assert list(from_file.output_ids) == list(from_http.output_ids) == want
 
 
-async def test_two_images_in_one_prompt(vlm, vlm_llm, ids, media_dir) -> None:
+async def test_two_images_in_one_prompt(vlm, vlm_llm, ids, media_dir, layout) -> None:
     _, stub = vlm
     a, b = (media_dir / "a.png").read_bytes(), (media_dir / "b.png").read_bytes()
     want, prompt_len = await reference(vlm_llm, ids["two"], [a, b])
@@ -97,7 +104,8 @@ async def test_two_images_in_one_prompt(vlm, vlm_llm, ids, media_dir) -> None:
         stub, media_request(ids["two"], data_url(a), (media_dir / "b.png").as_uri())
     )
     assert list(got.output_ids) == want
-    assert got.prompt_tokens == prompt_len == len(ids["two"]) + 12
+    expanded = layout["a"].positions + layout["b"].positions - 2
+    assert got.prompt_tokens == prompt_len == len(ids["two"]) + expanded
 
 
 async def test_streaming_a_media_ref(vlm, vlm_llm, ids) -> None:
@@ -377,7 +385,7 @@ async def test_preprocessed_tensors_in_shared_memory_are_read_then_unlinked(
 
 
 def _broken_tensors(
-    engine_input: Any, image_token: int
+    engine_input: Any, image_token: int, layout: AnchorLayout
 ) -> dict[str, tuple[pb.GenerateRequest, str]]:
     def variant(edit: Any) -> pb.GenerateRequest:
         request = tensor_request(engine_input, image_token)
@@ -416,11 +424,11 @@ def _broken_tensors(
             "names sizes tensor",
         ),
         "no pixels": (variant(lambda b: b.ClearField("pixel_values")), "pixel_values is missing"),
-        # Without im_token_id all 7 positions would take embeddings the encoder makes 4 of: the
-        # engine would fail on it and die.
+        # Without im_token_id every position of the range (7) would take one of the embeddings
+        # the encoder makes (4): the engine would fail on it and die.
         "more embeddings than the model makes": (
             variant(lambda b: b.ClearField("im_token_id")),
-            "7 embedding positions, more than the 4",
+            f"{layout.positions} embedding positions, more than the {layout.embeddings}",
         ),
     }
 
@@ -463,10 +471,10 @@ BROKEN = [
 
 
 @pytest.mark.parametrize("case", BROKEN)
-async def test_a_bad_tensor_is_invalid_argument(vlm, vlm_llm, ids, case) -> None:
+async def test_a_bad_tensor_is_invalid_argument(vlm, vlm_llm, ids, layout, case) -> None:
     _, stub = vlm
     engine_input = await processed(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
-    request, message = _broken_tensors(engine_input, ids["<image>"])[case]
+    request, message = _broken_tensors(engine_input, ids["<image>"], layout["a"])[case]
     error = await refused(stub, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert message in (error.details() or "")

@@ -2,11 +2,12 @@
 own processor (imports vLLM and torch, as :mod:`._mm_engine` does, whose tensor path checks each
 router-sent item against it).
 
-:func:`item_layouts` runs the processor on two dummy items per modality (the largest size and a
-smaller one) and records which tensors an item has, their kind and shape (a size that differs
-between the two is left free), and how many embeddings the encoder makes of it: exact when both
-agree, else a fixed number per row of the primary tensor, else unknown (the per-item maximum
-then bounds it). :meth:`ItemLayout.check` refuses an item that does not fit with
+:func:`item_layouts` runs the processor on dummy items per modality (images: the largest size, a
+smaller one, a wide strip and a tall one, so a model that tiles a picture by its aspect ratio
+shows its tile count varying) and records which tensors an item has, their kind and shape (a size
+that differs between them is left free), and how many embeddings the encoder makes of it: exact
+when all agree, else a fixed number per row of the primary tensor, else unknown (the per-item
+maximum then bounds it). :meth:`ItemLayout.check` refuses an item that does not fit with
 INVALID_ARGUMENT naming the field, always in the same order (the primary tensor first).
 """
 
@@ -46,9 +47,9 @@ class FieldLayout:
 @dataclass(frozen=True)
 class ItemLayout:
     """What vLLM's own processor gives one item of a modality for this model (learnt at start
-    from two items of different sizes, :func:`item_layouts`): its tensors, each one's kind and
-    shape, and how many embeddings the encoder makes of it — ``embeds`` when both items agree
-    (a fixed-size item), else ``embeds_per_row`` times the rows of ``rows_key`` when both agree
+    from items of different sizes, :func:`item_layouts`): its tensors, each one's kind and
+    shape, and how many embeddings the encoder makes of it — ``embeds`` when all items agree
+    (a fixed-size item), else ``embeds_per_row`` times the rows of ``rows_key`` when all agree
     on that ratio, else not known (the ``max_embeds`` bound alone applies)."""
 
     fields: Mapping[str, FieldLayout]
@@ -127,25 +128,32 @@ def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout 
 
 def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
     """One item of ``modality`` as vLLM's processor makes it, at its largest and (images) at a
-    third of that: (item, embeddings)."""
+    third of that, as a wide strip and as a tall one: (item, embeddings). Two pictures of one
+    aspect ratio are not enough: Idefics3 with image splitting cuts both into the same tiles."""
+    sizes: list[tuple[int, int] | None] = [None]
+    if modality == "image":
+        seq_len = int(processor.info.ctx.model_config.max_model_len)
+        largest: Any = processor.dummy_inputs.get_dummy_mm_data(seq_len, {"image": 1}, {})
+        image: Any = largest["image"][0] if isinstance(largest["image"], list) else largest["image"]
+        width, height = int(image.size[0]), int(image.size[1])
+        sizes += [(width // 3, height // 4), (width, height // 8), (width // 8, height)]
+    return [sample(processor, modality, size) for size in sizes]
+
+
+def sample(processor: Any, modality: str, size: tuple[int, int] | None = None) -> tuple[Any, int]:
+    """One dummy item of ``modality`` through vLLM's processor, the largest it makes or an image
+    of ``size`` (width, height; at most the largest): (item, embeddings)."""
     from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415
     from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415
 
     seq_len = int(processor.info.ctx.model_config.max_model_len)
-    options: list[dict[str, Any]] = [{}]
-    if modality == "image":
-        largest: Any = processor.dummy_inputs.get_dummy_mm_data(seq_len, {"image": 1}, {})
-        image: Any = largest["image"][0] if isinstance(largest["image"], list) else largest["image"]
-        width, height = int(image.size[0]), int(image.size[1])
-        smaller = ImageDummyOptions(count=1, width=max(width // 3, 1), height=max(height // 4, 1))
-        options.append({"image": smaller})
-    samples: list[tuple[Any, int]] = []
-    for option in options:
-        inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, option)
-        out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
-        item = out["mm_kwargs"][modality][0]
-        samples.append((item, int(out["mm_placeholders"][modality][0].get_num_embeds())))
-    return samples
+    option: dict[str, Any] = {}
+    if size is not None:
+        width, height = size
+        option[modality] = ImageDummyOptions(count=1, width=max(width, 1), height=max(height, 1))
+    inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, option)
+    out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
+    return out["mm_kwargs"][modality][0], int(out["mm_placeholders"][modality][0].get_num_embeds())
 
 
 def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout]:

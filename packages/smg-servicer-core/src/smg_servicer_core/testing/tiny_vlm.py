@@ -67,13 +67,21 @@ class TinyVlmSpec:
     image_size: int = 56
     patch: int = 14
     scale_factor: int = 2
+    #: 0: no image splitting (one 56-pixel image per picture). Else every picture is resized to
+    #: this longest edge (a multiple of ``image_size``) and split into ``image_size`` tiles plus
+    #: a global image, as the real Idefics3 checkpoints do: the shape vLLM 0.27 needs, whose
+    #: Idefics3 counts 0 patches for an image that is not split.
+    split_edge: int = 0
 
     @property
     def image_seq_len(self) -> int:
         return (self.image_size // self.patch) ** 2 // self.scale_factor**2
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        fields = asdict(self)
+        if not self.split_edge:  # the name the model had before splitting was a choice
+            del fields["split_edge"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _tokenizer(out: Path, spec: TinyVlmSpec, text_dir: Path) -> dict[str, int]:
@@ -207,13 +215,15 @@ def _config(spec: TinyVlmSpec, ids: dict[str, int]) -> dict[str, Any]:
 
 
 def _processor_files(out: Path, spec: TinyVlmSpec) -> None:
+    if spec.split_edge % spec.image_size:
+        raise ValueError(f"split_edge {spec.split_edge} is not a multiple of {spec.image_size}")
     edge = {"longest_edge": spec.image_size}
     _dump(
         out / "preprocessor_config.json",
         {
             "image_processor_type": "Idefics3ImageProcessor",
             "do_convert_rgb": True,
-            "do_image_splitting": False,
+            "do_image_splitting": bool(spec.split_edge),
             "do_normalize": True,
             "do_pad": True,
             "do_rescale": True,
@@ -221,7 +231,7 @@ def _processor_files(out: Path, spec: TinyVlmSpec) -> None:
             "image_mean": [0.5, 0.5, 0.5],
             "image_std": [0.5, 0.5, 0.5],
             "max_image_size": edge,
-            "size": edge,
+            "size": {"longest_edge": spec.split_edge} if spec.split_edge else edge,
             "resample": 1,
             "rescale_factor": 1 / 255,
         },
@@ -268,6 +278,49 @@ def image_token_ids(model_dir: str | Path) -> dict[str, int]:
     """The media special tokens' ids of a model written here."""
     config = json.loads((Path(model_dir) / "tokenizer.json").read_text())
     return {t["content"]: int(t["id"]) for t in config["added_tokens"] if t["content"] in SPECIALS}
+
+
+@dataclass(frozen=True)
+class AnchorLayout:
+    """What one ``<image>`` anchor becomes for one picture: the prompt positions it expands to
+    and the embeddings the encoder makes (tiles x ``image_seq_len``)."""
+
+    positions: int
+    embeddings: int
+
+
+def anchor_layout(model_dir: str | Path, width: int, height: int) -> AnchorLayout:
+    """Idefics3's rule for a ``width`` x ``height`` picture and a model written here, read from
+    its processor files and counted with its tokenizer: an oracle independent of vLLM.
+
+    Unsplit: ``<fake><global-img><image>*n<fake>``. Split: the picture is scaled to the
+    ``size`` edge (its other edge even), each edge rounded up to whole ``max_image_size`` tiles,
+    and every tile is ``<fake><row_i_col_j><image>*n`` (a newline after each row), then a
+    newline and the unsplit form for the global image."""
+    from tokenizers import Tokenizer
+
+    model = Path(model_dir)
+    pre = json.loads((model / "preprocessor_config.json").read_text())
+    seq = int(json.loads((model / "processor_config.json").read_text())["image_seq_len"])
+    rows = cols = 0
+    if pre["do_image_splitting"]:
+        edge, tile = pre["size"]["longest_edge"], pre["max_image_size"]["longest_edge"]
+        if width >= height:
+            width, height = edge, int(edge / (width / height))
+            height += height % 2
+        else:
+            width, height = int(edge * (width / height)), edge
+            width += width % 2
+        if height > tile or width > tile:
+            rows, cols = -(-height // tile), -(-width // tile)
+    fake, image = "<fake_token_around_image>", "<image>" * seq
+    text = "".join(
+        "".join(f"{fake}<row_{r}_col_{c}>{image}" for c in range(1, cols + 1)) + "\n"
+        for r in range(1, rows + 1)
+    )
+    text += ("\n" if rows else "") + f"{fake}<global-img>{image}{fake}"
+    positions = len(Tokenizer.from_file(str(model / "tokenizer.json")).encode(text).ids)
+    return AnchorLayout(positions, seq * (rows * cols + 1))
 
 
 def main(argv: list[str] | None = None) -> int:
