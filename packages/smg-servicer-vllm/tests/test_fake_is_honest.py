@@ -73,3 +73,22 @@ async def test_abort_ends_with_an_abort_complete(stack: tuple[Any, Any]) -> None
     assert rest[-1].complete.finish_reason == "abort"
     assert len(servicer.registry) == 0
     assert servicer.engine.output_processor.get_num_unfinished_requests() == 0
+
+
+async def test_loads_report_the_one_managed_rank_and_refuse_another(
+    stack: tuple[Any, Any],
+) -> None:
+    """One DP rank: after a request, GetLoads has that rank's entry from the engine's own stat
+    loggers (capacity as the engine sizes it) and refuses a rank it does not manage, alike on
+    the fake and on vLLM."""
+    _, stub = stack
+    await read_all(stub.Generate(generate_request("vllm", [4, 5, 6], max_tokens=3, stream=True)))
+    loads = await stub.GetLoads(pb.GetLoadsRequest())
+    assert [load.dp_rank for load in loads.loads] == [0] and loads.dp_rank_count == 1
+    (load,) = loads.loads
+    assert load.max_total_num_tokens > 0 and 0.0 <= load.token_usage <= 1.0
+    assert load.num_total_reqs == load.num_running_reqs + load.num_waiting_reqs
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.GetLoads(pb.GetLoadsRequest(dp_rank=3))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "DP rank 3 is not managed by this engine"

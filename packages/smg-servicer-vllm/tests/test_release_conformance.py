@@ -17,8 +17,8 @@ then checks, by ``ast``:
   :func:`test_every_vllm_import_is_in_the_inventory` keeps the list from going stale.
 - our capability functions run on stand-ins shaped like the release (:func:`check_fallbacks`):
   the launcher module, ``enable_cache=``, ``skip_mm_cache=``, the dummy-input builder, multimodal
-  support, KV-event sources, and :mod:`smg_servicer_vllm.errors`' table on the release's own
-  exception classes;
+  support, KV-event sources, GetLoads' capacity and waiting fields, and
+  :mod:`smg_servicer_vllm.errors`' table on the release's own exception classes;
 - what the plugin relies on in the launcher (:func:`check_launcher`): its parse and plugin hook,
   the two servicers it builds (bound against our classes), the server's keepalive options (what
   :func:`smg_servicer_vllm.plugin.fix_keepalive` adds), the wire guard's hook, the TLS hook and
@@ -342,10 +342,21 @@ def _uses() -> list[Use]:
         u(f"{llm}.stop_profile", "servicer.py: StopProfile", 0),
         u(
             "vllm.v1.engine.output_processor:OutputProcessor.get_num_unfinished_requests",
-            "info.py: loads() without stat loggers",
+            "info.py: engine_load() without stat loggers (/metrics only)",
             0,
         ),
-        Use(f"{stats}.loggers:StatLoggerManager.stat_loggers", "info.py", read=True),
+        *read(
+            f"{stats}.loggers:StatLoggerManager",
+            "info.py: managed_ranks(), scheduler_stats()",
+            "stat_loggers",
+            "engine_indexes",
+        ),
+        Use(f"{llm}.engine_core", "info.py: managed_ranks() without stat loggers", read=True),
+        Use(
+            "vllm.v1.engine.core_client:MPClient.engine_ranks_managed",
+            "info.py: managed_ranks() without stat loggers",
+            read=True,
+        ),
         *read(
             f"{stats}.loggers:LoggingStatLogger",
             "info.py: scheduler_stats()",
@@ -353,13 +364,18 @@ def _uses() -> list[Use]:
             "engine_index",
         ),
         Use(
+            f"{stats}.loggers:PerEngineStatLoggerAdapter.per_engine_stat_loggers",
+            "info.py: scheduler_stats() (the default logging, one logger per rank)",
+            read=True,
+        ),
+        Use(
             f"{stats}.loggers:AggregatedLoggingStatLogger.last_scheduler_stats_dict",
-            "info.py: scheduler_stats() (DP)",
+            "info.py: scheduler_stats() (--aggregate-engine-logging)",
             read=True,
         ),
         *read(
             f"{stats}.stats:SchedulerStats",
-            "info.py: loads()",
+            "info.py: rank_counts()",
             "kv_cache_usage",
             "num_running_reqs",
             "num_waiting_reqs",
@@ -401,9 +417,20 @@ def _uses() -> list[Use]:
             "kv_events_config",
             "attention_config",
         ),
-        *read("vllm.config:CacheConfig", "info.py", "num_gpu_blocks", "block_size", "cache_dtype"),
+        *read(
+            "vllm.config:CacheConfig",
+            "info.py, releases.py: kv_capacity_tokens()",
+            "num_gpu_blocks",
+            "block_size",
+            "cache_dtype",
+        ),
         *read("vllm.config:SchedulerConfig", "info.py", "max_num_seqs"),
-        *read("vllm.config:ParallelConfig", "info.py, kv_events.py", "data_parallel_size"),
+        *read(
+            "vllm.config:ParallelConfig",
+            "info.py, kv_events.py",
+            "data_parallel_size",
+            "data_parallel_rank",
+        ),
         *read("vllm.config:KVTransferConfig", "info.py", "kv_connector", "kv_role", "engine_id"),
         *read("vllm.config:AttentionConfig", "info.py", "backend"),
         *read(
@@ -455,6 +482,20 @@ def _uses() -> list[Use]:
             "releases.py: kv_event_sources()",
             since="0.31.0",
             without="the configured base port plus the rank (kv_events.py)",
+        ),
+        Use(
+            "vllm.config:CacheConfig.kv_cache_size_tokens",
+            "releases.py: kv_capacity_tokens() (GetLoads' capacity)",
+            read=True,
+            since="0.24.0",
+            without="num_gpu_blocks * block_size",
+        ),
+        Use(
+            f"{stats}.stats:SchedulerStats.num_skipped_waiting_reqs",
+            "releases.py: waiting_fields() (GetLoads' waiting)",
+            read=True,
+            since="0.20.0",
+            without="num_waiting_reqs alone",
         ),
         # the exceptions errors.py's table names (matched by class name: see check_fallbacks)
         *(
@@ -617,6 +658,7 @@ def check_fallbacks(reading: Reading) -> None:
     _dummy_inputs_fallback(reading)
     _multimodal_fallback(reading)
     _kv_sources_fallback(reading)
+    _load_fallbacks(reading)
     _check_exceptions(reading)
 
 
@@ -691,6 +733,32 @@ def _kv_sources_fallback(reading: Reading) -> None:
     if bool(reported) != (getter is not None):
         reading.problem("releases.kv_event_sources() did not follow the engine's method")
     reading.notes.append(f"KV event sources: {'reported' if reported else 'base port + rank'}")
+
+
+def _load_fallbacks(reading: Reading) -> None:
+    """releases.kv_capacity_tokens and releases.waiting_fields on configurations and stats shaped
+    like the release's: the group-aware capacity where ``CacheConfig`` has it, else blocks times
+    block size; skipped-waiting added where ``SchedulerStats`` has it."""
+    sized, _ = find(reading.tree, "vllm.config:CacheConfig.kv_cache_size_tokens")
+    cache = SimpleNamespace(num_gpu_blocks=10, block_size=16)
+    if sized is not None:
+        cache.kv_cache_size_tokens = 96  # a hybrid model's: fewer tokens than blocks x size
+    capacity = releases.kv_capacity_tokens(cache)
+    if capacity != (96 if sized is not None else 160):
+        reading.problem(f"releases.kv_capacity_tokens() gave {capacity} on this CacheConfig")
+    skipped, _ = find(reading.tree, "vllm.v1.metrics.stats:SchedulerStats.num_skipped_waiting_reqs")
+    stats = SimpleNamespace(num_waiting_reqs=1)
+    if skipped is not None:
+        stats.num_skipped_waiting_reqs = 2
+    fields = releases.waiting_fields(stats)
+    if fields != (
+        ("num_waiting_reqs", "num_skipped_waiting_reqs") if skipped else ("num_waiting_reqs",)
+    ):
+        reading.problem(f"releases.waiting_fields() gave {fields} on this SchedulerStats")
+    reading.notes.append(
+        f"GetLoads: capacity {'kv_cache_size_tokens' if sized else 'num_gpu_blocks * block_size'}"
+        f", waiting {' + '.join(fields)}"
+    )
 
 
 def _exception_class(tree: SourceTree, symbol: Symbol, built: dict[str, type]) -> type:

@@ -1,22 +1,28 @@
 """GetModelInfo / GetServerInfo / GetLoads from the engine's configuration and statistics.
 
 Duck-typed over vLLM's ``AsyncLLM`` (``model_config``, ``vllm_config``, ``logger_manager``,
-``output_processor``), read leniently: a field a vLLM version lacks is left at its proto default.
+``engine_core``, ``output_processor``), read leniently: a field a vLLM version lacks is left at its
+proto default. Except a rank's load: ``GetLoads`` reports a DP rank only from stats it can trust
+(:func:`rank_counts`), and leaves out a rank without them instead of reporting it idle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from smg_servicer_core.config import Setting, setting_value
+from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.loads import LoadSnapshot
 from smg_servicer_core.metrics import EngineLoad
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_vllm import releases
 
 SERVER_TYPE = "vllm-grpc"
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 PAIRING_PROTOCOL = Setting(
     "pairing_protocol",
@@ -114,46 +120,127 @@ def server_info(engine: Any, active: int, uptime_s: float) -> pb.GetServerInfoRe
     )
 
 
+def managed_ranks(engine: Any) -> list[int]:
+    """The DP ranks this engine's frontend manages, ascending: the stat logger manager's
+    ``engine_indexes`` (the ranks vLLM records stats for), else the engine client's
+    ``engine_ranks_managed`` (``--disable-log-stats`` keeps no stat logger manager), else, with one
+    DP rank, the configuration's ``data_parallel_rank``; else none. Under external or hybrid load
+    balancing a process manages a slice of ``data_parallel_size`` ranks, so the configured size
+    does not say which ranks are ours."""
+    for owner, name in (
+        ("logger_manager", "engine_indexes"),
+        ("engine_core", "engine_ranks_managed"),
+    ):
+        listed: Any = _get(engine, owner, name)
+        if isinstance(listed, list | tuple | range):
+            ranks = sorted({r for r in cast(Iterable[Any], listed) if _is_int32(r) and r >= 0})
+            if ranks:
+                return ranks
+    parallel = _get(engine, "vllm_config", "parallel_config")
+    if getattr(parallel, "data_parallel_size", 1) == 1:
+        rank: Any = getattr(parallel, "data_parallel_rank", 0)
+        if _is_int32(rank) and rank >= 0:
+            return [rank]
+    return []
+
+
 def scheduler_stats(engine: Any) -> dict[int, Any]:
-    """The latest ``SchedulerStats`` per DP rank, from whichever stat loggers hold them."""
+    """The latest ``SchedulerStats`` per DP rank, from whichever stat loggers hold them:
+    ``AggregatedLoggingStatLogger.last_scheduler_stats_dict`` (``--aggregate-engine-logging``;
+    its own ``last_scheduler_stats`` is the ranks' sum), the ``LoggingStatLogger`` of each rank in
+    ``PerEngineStatLoggerAdapter.per_engine_stat_loggers`` (the default), or a logger keeping one
+    rank's (``last_scheduler_stats`` with its ``engine_index``). Prometheus keeps none. Empty
+    without a stat logger manager (``--disable-log-stats``)."""
     found: dict[int, Any] = {}
+
+    def keep(rank: Any, stats: Any) -> None:
+        if _is_int32(rank) and rank >= 0 and stats is not None:
+            found.setdefault(rank, stats)
+
     for stat_logger in _get(engine, "logger_manager", "stat_loggers", default=[]):
-        per_rank = getattr(stat_logger, "last_scheduler_stats_dict", None)
+        per_rank: Any = getattr(stat_logger, "last_scheduler_stats_dict", None)
         if isinstance(per_rank, dict):
-            found.update(per_rank)  # pyright: ignore[reportUnknownArgumentType]
+            for rank, stats in cast(dict[Any, Any], per_rank).items():
+                keep(rank, stats)
             continue
-        stats = getattr(stat_logger, "last_scheduler_stats", None)
-        if stats is not None:
-            found.setdefault(max(int(getattr(stat_logger, "engine_index", 0) or 0), 0), stats)
+        per_engine: Any = getattr(stat_logger, "per_engine_stat_loggers", None)
+        if isinstance(per_engine, dict):
+            for rank, nested in cast(dict[Any, Any], per_engine).items():
+                keep(rank, getattr(nested, "last_scheduler_stats", None))
+            continue
+        keep(
+            getattr(stat_logger, "engine_index", None),
+            getattr(stat_logger, "last_scheduler_stats", None),
+        )
     return found
+
+
+def _is_int32(value: Any) -> bool:
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and _INT32_MIN <= value <= _INT32_MAX
+    )
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a count the wire carries (an int32, not negative), or None."""
+    return value if _is_int32(value) and value >= 0 else None
+
+
+def rank_counts(stats: Any) -> tuple[int, int, float] | None:
+    """A rank's running and waiting requests and KV-cache usage from its ``SchedulerStats``, or
+    None when there is nothing trustworthy to report: no stats, or a count that is not a
+    non-negative int32, or a usage that is not a finite number in [0, 1]. Such a rank is left out
+    of the answer rather than reported idle: a zero-filled entry sends the router's next requests
+    to a rank it knows nothing about. Waiting counts the fields :func:`releases.waiting_fields`
+    names (the deferred requests too, where the release counts them apart)."""
+    if stats is None:
+        return None
+    running = _count(getattr(stats, "num_running_reqs", None))
+    parts = [_count(getattr(stats, name, None)) for name in releases.waiting_fields(stats)]
+    usage: Any = getattr(stats, "kv_cache_usage", None)
+    if running is None or None in parts:
+        return None
+    if not isinstance(usage, int | float) or isinstance(usage, bool):
+        return None
+    if not (math.isfinite(usage) and 0.0 <= usage <= 1.0):
+        return None
+    waiting = sum(p for p in parts if p is not None)
+    if running + waiting > _INT32_MAX:
+        return None
+    return running, waiting, float(usage)
 
 
 def loads(
     engine: Any, snapshot: LoadSnapshot, dp_rank: int | None, version: str
 ) -> pb.GetLoadsResponse:
+    """``GetLoads``: one ``SchedulerLoad`` per managed DP rank (:func:`managed_ranks`) whose
+    stats can be trusted (:func:`rank_counts`), only ``dp_rank``'s when it is given; a rank
+    without them is left out, never zero-filled. Capacity is the engine's
+    (:func:`releases.kv_capacity_tokens`, 0 when unknown). ``dp_rank_count`` is the number of
+    entries, as the proto says ("ranks reported") and the SGLang and TokenSpeed servicers fill
+    it. Raises :class:`InvalidRequest` for a ``dp_rank`` this engine does not manage.
+
+    A rank's stats are those of its last step, and an idle engine takes no step: after the last
+    request was aborted (vLLM drops it without a step), or before the last step's stats are
+    recorded, they still count it running. So when the frontend holds no unfinished request,
+    every rank it manages is idle: nothing running or waiting and no KV block in use (vLLM
+    counts blocks kept only for the prefix cache as free)."""
+    ranks = managed_ranks(engine)
+    if dp_rank is not None:
+        if dp_rank not in ranks:
+            raise InvalidRequest(f"DP rank {dp_rank} is not managed by this engine")
+        ranks = [dp_rank]
     vc = engine.vllm_config
-    block_size = int(_get(vc, "cache_config", "block_size", default=0))
-    blocks = int(_get(vc, "cache_config", "num_gpu_blocks", default=0) or 0)
-    capacity = blocks * block_size
-    max_seqs = int(_get(vc, "scheduler_config", "max_num_seqs", default=0))
-    ranks = int(_get(vc, "parallel_config", "data_parallel_size", default=1))
+    capacity = _count(releases.kv_capacity_tokens(_get(vc, "cache_config"))) or 0
+    max_seqs = _count(_get(vc, "scheduler_config", "max_num_seqs")) or 0
     stats = scheduler_stats(engine)
-    if not stats:  # no stat logger (--disable-log-stats): what the frontend knows
-        running = int(engine.output_processor.get_num_unfinished_requests())
-        stats = {0: None}
-        fallback_running = running
-    else:
-        fallback_running = 0
-    response = pb.GetLoadsResponse(
-        timestamp=datetime.now(UTC).isoformat(), version=version, dp_rank_count=ranks
-    )
-    for rank in sorted(stats):
-        if dp_rank is not None and rank != dp_rank:
+    idle = _frontend_idle(engine)
+    response = pb.GetLoadsResponse(timestamp=datetime.now(UTC).isoformat(), version=version)
+    for rank in ranks:
+        counts = rank_counts(stats.get(rank))
+        if counts is None:
             continue
-        s = stats[rank]
-        usage = float(getattr(s, "kv_cache_usage", 0.0) or 0.0)
-        running = int(getattr(s, "num_running_reqs", fallback_running) or 0)
-        waiting = int(getattr(s, "num_waiting_reqs", 0) or 0)
+        running, waiting, usage = (0, 0, 0.0) if idle else counts
         response.loads.add(
             dp_rank=rank,
             num_running_reqs=running,
@@ -167,16 +254,32 @@ def loads(
             cache_hit_rate=snapshot.cache_hit_rate,
             max_running_requests=max_seqs,
         )
+    response.dp_rank_count = len(response.loads)
     return response
 
 
-def engine_load(response: pb.GetLoadsResponse) -> EngineLoad | None:
-    """The engine gauges of ``/metrics``: running and waiting summed over ranks, KV usage the
-    highest rank's."""
-    if not response.loads:
+def _frontend_idle(engine: Any) -> bool:
+    """True when the frontend holds no unfinished request (False when it cannot tell)."""
+    unfinished: Any = _get(engine, "output_processor", "get_num_unfinished_requests")
+    if not callable(unfinished):
+        return False
+    return unfinished() == 0
+
+
+def engine_load(engine: Any, response: pb.GetLoadsResponse) -> EngineLoad | None:
+    """The engine gauges of ``/metrics``: running and waiting summed over the ranks ``GetLoads``
+    reports, KV usage the highest rank's. Without a stat logger manager (``--disable-log-stats``,
+    as the launcher command of our tests runs) ``GetLoads`` reports no rank; the gauges then show
+    what the frontend knows, its unfinished requests as running (waiting and usage unknown: 0),
+    so that ``/metrics`` still tells whether the engine holds requests (the reliability suite's
+    leak check reads it). The router never sees these: they are not a ``GetLoads`` entry."""
+    if response.loads:
+        return EngineLoad(
+            running=sum(r.num_running_reqs for r in response.loads),
+            waiting=sum(r.num_waiting_reqs for r in response.loads),
+            kv_cache_usage=max(r.token_usage for r in response.loads),
+        )
+    if _get(engine, "logger_manager") is not None:
         return None
-    return EngineLoad(
-        running=sum(r.num_running_reqs for r in response.loads),
-        waiting=sum(r.num_waiting_reqs for r in response.loads),
-        kv_cache_usage=max(r.token_usage for r in response.loads),
-    )
+    unfinished: Any = engine.output_processor.get_num_unfinished_requests()
+    return EngineLoad(running=int(unfinished), waiting=0, kv_cache_usage=0.0)

@@ -33,16 +33,22 @@ Each entry: the difference (where it appears) -> the capability read -> what hap
   ``TypeError`` while the request is built is still INVALID_ARGUMENT;
 - the launcher's keepalive options, misspelt on 0.18-0.30 -> the options the server is built
   with (:func:`.plugin.fix_keepalive` adds only those it lacks) -> -;
+- ``CacheConfig.kv_cache_size_tokens`` (0.24+; group-aware, set once the KV cache is sized) ->
+  the attribute, set (:func:`kv_capacity_tokens`) -> ``num_gpu_blocks * block_size``, which is
+  wrong for hybrid models whose requests occupy several KV-cache groups;
+- ``SchedulerStats.num_skipped_waiting_reqs`` (0.20+; waiting requests deferred by transient
+  constraints or a blocked status, left out of ``num_waiting_reqs``; vLLM's own stats logging
+  counts ``num_waiting_reqs + num_skipped_waiting_reqs`` as waiting) -> the field
+  (:func:`waiting_fields`) -> ``num_waiting_reqs`` alone, what vLLM reports as waiting there;
 - ``AsyncLLM.get_num_unfinished_requests()`` (0.29+) -> not needed: we read
   ``output_processor.get_num_unfinished_requests()``, there in every release;
 - ``grpc.health.v1`` registered by the launcher (0.20+) -> nothing to detect: on 0.18-0.19 our
   servicer's own ``HealthCheck`` RPC still answers.
 
 Not used by this package, so no release lacks them for us: ``notify_kv_transfer_request_rejected``
-(0.21+), ``CacheConfig.kv_cache_size_tokens`` (0.24+; capacity is ``num_gpu_blocks *
-block_size``), ``SchedulerStats.num_skipped_waiting_reqs`` (0.20+), per-request
-``SamplingParams.stream_interval`` (0.27+), ``process_for_engine_async(tok_params=)`` (0.31+),
-``CompletionOutput.spec_decode_metrics`` (0.29+).
+(0.21+), per-request ``SamplingParams.stream_interval`` (0.27+),
+``process_for_engine_async(tok_params=)`` (0.31+), ``CompletionOutput.spec_decode_metrics``
+(0.29+).
 """
 
 from __future__ import annotations
@@ -162,3 +168,40 @@ def supports_multimodal_inputs(model_config: Any, registry: Any) -> bool:
         return False
     check: Any = getattr(registry, "supports_multimodal_inputs", None)
     return bool(check(model_config)) if callable(check) else False
+
+
+def kv_capacity_tokens(cache_config: Any) -> int | None:
+    """The KV cache's capacity in tokens, per DP engine, as the engine sizes it:
+    ``CacheConfig.kv_cache_size_tokens`` (0.24+, group-aware; None until the KV cache is sized)
+    where the release has it and it is set, else ``num_gpu_blocks * block_size`` (what 0.19-0.23
+    have; for a hybrid model, whose requests occupy several KV-cache groups, it overstates the
+    tokens that fit). None when neither is known, or what is there is not a count."""
+    sized: Any = getattr(cache_config, "kv_cache_size_tokens", None)
+    if sized is not None:
+        return sized if _is_count(sized) else None
+    blocks: Any = getattr(cache_config, "num_gpu_blocks", None)
+    block_size: Any = getattr(cache_config, "block_size", None)
+    if not (_is_count(blocks) and _is_count(block_size)):
+        return None
+    return int(blocks) * int(block_size)
+
+
+#: ``SchedulerStats`` fields whose sum is a rank's waiting requests: :func:`waiting_fields`.
+WAITING = "num_waiting_reqs"
+SKIPPED_WAITING = "num_skipped_waiting_reqs"
+
+
+def waiting_fields(scheduler_stats: Any) -> tuple[str, ...]:
+    """The ``SchedulerStats`` fields that add up to a rank's waiting requests, as vLLM's own stats
+    logging and Prometheus gauge count them: ``num_waiting_reqs`` plus
+    ``num_skipped_waiting_reqs`` (0.20+: the waiting requests the scheduler deferred, which
+    ``num_waiting_reqs`` leaves out) where the release's stats have it, else
+    ``num_waiting_reqs`` alone (0.19: what vLLM itself reports as waiting there). Without the
+    second, a rank whose queue is all deferred requests read as having none waiting."""
+    if hasattr(scheduler_stats, SKIPPED_WAITING):
+        return (WAITING, SKIPPED_WAITING)
+    return (WAITING,)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -189,7 +189,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     def engine_loads(self) -> LoadsSource | None:
         def read() -> EngineLoad | None:
             snapshot = self.loads.snapshot()
-            return info.engine_load(info.loads(self.engine, snapshot, None, _engine.VLLM_VERSION))
+            response = info.loads(self.engine, snapshot, None, _engine.VLLM_VERSION)
+            return info.engine_load(self.engine, response)
 
         return read
 
@@ -362,11 +363,12 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
 
     @grpc_errors
     async def GetLoads(self, request: pb.GetLoadsRequest, context: Context) -> pb.GetLoadsResponse:
+        """One entry per managed DP rank with stats to trust (``info.loads``): a rank this engine
+        does not manage is INVALID_ARGUMENT; a managed rank without stats is left out (an empty
+        answer for ``dp_rank``), never reported idle. ``include`` is ignored: vLLM has only the
+        core section."""
         rank = request.dp_rank if request.HasField("dp_rank") else None
-        response = info.loads(self.engine, self.loads.snapshot(), rank, _engine.VLLM_VERSION)
-        if rank is not None and not response.loads:
-            raise InvalidRequest(f"DP rank {rank} is not managed by this server")
-        return response
+        return info.loads(self.engine, self.loads.snapshot(), rank, _engine.VLLM_VERSION)
 
     # Administration ----------------------------------------------------------------------------
 
@@ -430,5 +432,9 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             yield batch
 
     def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:
+        """The load record stamped on ``rank``'s KV batches: its ``GetLoads`` entry, or none for
+        a rank without one (no stats, or a publisher rank this frontend does not manage)."""
+        if rank not in info.managed_ranks(self.engine):
+            return None
         response = info.loads(self.engine, self.loads.snapshot(), rank, _engine.VLLM_VERSION)
         return kv_events.engine_load(response.loads[0]) if response.loads else None

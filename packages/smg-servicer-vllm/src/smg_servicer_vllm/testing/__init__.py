@@ -2,7 +2,8 @@
 
 :class:`FakeAsyncLLM` offers the surface the servicer uses (``generate`` with DELTA/FINAL_ONLY
 outputs, ``abort``, ``errored``, ``check_health``, ``model_config``, ``vllm_config``,
-``output_processor``, ...) and costs nothing per token unless told to sleep. Its outputs have the
+``output_processor``, and per DP rank ``logger_manager``'s stat loggers and ``engine_core``'s
+managed ranks, ...) and costs nothing per token unless told to sleep. Its outputs have the
 attributes of vLLM's ``RequestOutput``/``CompletionOutput``; the engine-tier tests run the same
 servicer against the real ``AsyncLLM``, which keeps this fake honest.
 

@@ -39,6 +39,147 @@ class FakeRequestOutput:
 
 
 @dataclass
+class FakeSchedulerStats:
+    """vLLM's ``SchedulerStats`` (``vllm.v1.metrics.stats``), the fields a load report reads; a
+    fresh one is all zeros, as vLLM seeds its loggers with before the first engine step."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_skipped_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+
+
+class FakeLoggingStatLogger:
+    """vLLM's ``LoggingStatLogger``: one rank's (``engine_index``) latest stats, seeded with an
+    empty ``SchedulerStats`` as vLLM does."""
+
+    def __init__(self, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.last_scheduler_stats: Any = FakeSchedulerStats()
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.last_scheduler_stats = scheduler_stats
+
+
+class FakeAggregatedLoggingStatLogger(FakeLoggingStatLogger):
+    """vLLM's ``AggregatedLoggingStatLogger`` (``--aggregate-engine-logging``): every rank's
+    latest stats in ``last_scheduler_stats_dict``; ``engine_index`` -1 and its own
+    ``last_scheduler_stats`` the ranks' sum (what vLLM logs), never one rank's."""
+
+    def __init__(self, engine_indexes: list[int]) -> None:
+        super().__init__(engine_index=-1)
+        self.engine_indexes = engine_indexes
+        self.last_scheduler_stats_dict: dict[int, Any] = {
+            idx: FakeSchedulerStats() for idx in engine_indexes
+        }
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if engine_idx not in self.engine_indexes or scheduler_stats is None:
+            return
+        self.last_scheduler_stats_dict[engine_idx] = scheduler_stats
+        ranks = list(self.last_scheduler_stats_dict.values())
+        self.last_scheduler_stats = FakeSchedulerStats(
+            num_running_reqs=sum(s.num_running_reqs for s in ranks),
+            num_waiting_reqs=sum(s.num_waiting_reqs for s in ranks),
+            num_skipped_waiting_reqs=sum(s.num_skipped_waiting_reqs for s in ranks),
+            kv_cache_usage=sum(s.kv_cache_usage for s in ranks) / len(ranks),
+        )
+
+
+class FakePerEngineStatLoggerAdapter:
+    """vLLM's ``PerEngineStatLoggerAdapter``: the default logging, one ``LoggingStatLogger`` per
+    rank in ``per_engine_stat_loggers``."""
+
+    def __init__(self, engine_indexes: list[int]) -> None:
+        self.engine_indexes = engine_indexes
+        self.per_engine_stat_loggers = {i: FakeLoggingStatLogger(i) for i in engine_indexes}
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        rank_logger = self.per_engine_stat_loggers.get(engine_idx)
+        if rank_logger is not None:
+            rank_logger.record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
+
+
+class FakePrometheusStatLogger:
+    """vLLM's ``PrometheusStatLogger``: exports each rank's stats and keeps none to read back."""
+
+    def __init__(self, engine_indexes: list[int]) -> None:
+        self.engine_indexes = engine_indexes
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        return None
+
+
+class FakeStatLoggerManager:
+    """vLLM's ``StatLoggerManager`` (``AsyncLLM.logger_manager``, absent with
+    ``--disable-log-stats``): the managed ranks (``engine_indexes``) and the stat loggers every
+    ``record`` goes to, the default logging one (per rank, or aggregated) unless
+    ``default_loggers`` is off (vLLM's logger below INFO), then Prometheus."""
+
+    def __init__(
+        self,
+        engine_idxs: list[int] | None = None,
+        *,
+        aggregate_engine_logging: bool = False,
+        default_loggers: bool = True,
+    ) -> None:
+        self.engine_indexes = engine_idxs if engine_idxs else [0]
+        self.stat_loggers: list[Any] = []
+        if default_loggers:
+            self.stat_loggers.append(
+                FakeAggregatedLoggingStatLogger(self.engine_indexes)
+                if aggregate_engine_logging
+                else FakePerEngineStatLoggerAdapter(self.engine_indexes)
+            )
+        self.stat_loggers.append(FakePrometheusStatLogger(self.engine_indexes))
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int | None = None,
+    ) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(
+                scheduler_stats, iteration_stats, mm_cache_stats, engine_idx=engine_idx or 0
+            )
+
+
+@dataclass
+class FakeEngineCoreClient:
+    """vLLM's engine client (``AsyncLLM.engine_core``, an ``MPClient``): the DP ranks it talks to
+    (``engine_ranks_managed``)."""
+
+    engine_ranks_managed: list[int]
+
+
+@dataclass
 class _Processor:
     running: set[str] = field(default_factory=set[str])
 
@@ -57,6 +198,7 @@ class _Run:
     collector: _Collector
     done: list[list[int]]
     stop: asyncio.Event
+    rank: int = 0
     step: int = 0
 
 
@@ -126,9 +268,18 @@ class FakeAsyncLLM:
         token_delay_s: float = 0.0,
         kv_events: tuple[str, str | None] | None = None,
         tokenizer: str = "",
+        data_parallel_size: int = 1,
+        log_stats: bool = True,
+        aggregate_engine_logging: bool = False,
     ) -> None:
         """``kv_events``: (endpoint, replay endpoint) of a ZMQ publisher to report as this
-        engine's KV-event publisher (a scripted one stands in for vLLM's)."""
+        engine's KV-event publisher (a scripted one stands in for vLLM's).
+        ``data_parallel_size``: the DP ranks this frontend manages (0..n-1, one process fronting
+        them all); a request runs on its ``data_parallel_rank``, else on rank 0. ``log_stats``
+        off is ``--disable-log-stats`` (no ``logger_manager``); ``aggregate_engine_logging``
+        is vLLM's option of that name. After every step the engine records each rank's
+        ``SchedulerStats`` (running requests, KV usage from their tokens) as vLLM's engine core
+        does; a test may record its own through ``logger_manager.record``."""
         self.token_delay_s = token_delay_s
         self.errored = False
         #: ``(n, exc)``: raise ``exc`` from ``generate`` after ``n`` outputs (0: before any, as
@@ -158,11 +309,27 @@ class FakeAsyncLLM:
             get_vocab_size=lambda: vocab_size,
             dtype="torch.float32",
         )
+        ranks = list(range(data_parallel_size))
+        self.engine_core = FakeEngineCoreClient(engine_ranks_managed=ranks)
+        self.logger_manager: FakeStatLoggerManager | None = (
+            FakeStatLoggerManager(ranks, aggregate_engine_logging=aggregate_engine_logging)
+            if log_stats
+            else None
+        )
         self.vllm_config = SimpleNamespace(
             model_config=self.model_config,
-            cache_config=SimpleNamespace(block_size=16, num_gpu_blocks=1024, cache_dtype="auto"),
+            # kv_cache_size_tokens: vLLM 0.24+ sets it once the KV cache is sized (a model with
+            # one KV-cache group: blocks x block size); delete it for an older release.
+            cache_config=SimpleNamespace(
+                block_size=16,
+                num_gpu_blocks=1024,
+                kv_cache_size_tokens=16 * 1024,
+                cache_dtype="auto",
+            ),
             scheduler_config=SimpleNamespace(max_num_seqs=256),
-            parallel_config=SimpleNamespace(data_parallel_size=1),
+            parallel_config=SimpleNamespace(
+                data_parallel_size=data_parallel_size, data_parallel_rank=0
+            ),
             kv_events_config=None
             if kv_events is None
             else SimpleNamespace(
@@ -187,11 +354,23 @@ class FakeAsyncLLM:
                 stop.set()
 
     async def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str, **_: Any
+        self,
+        prompt: Any,
+        sampling_params: Any,
+        request_id: str,
+        *,
+        data_parallel_rank: int | None = None,
+        **_: Any,
     ) -> AsyncIterator[FakeRequestOutput]:
         """vLLM's shape: one engine loop steps every running request at once (vLLM's engine core
         and output handler) and puts each step into the request's collector, which merges DELTA
         outputs while the reader is behind; the reader takes whatever is there."""
+        ranks = int(self.vllm_config.parallel_config.data_parallel_size)
+        if data_parallel_rank is not None and not 0 <= data_parallel_rank < ranks:
+            # vLLM's input processor refuses it so (a VLLMValidationError, a ValueError)
+            raise ValueError(
+                f"data_parallel_rank {data_parallel_rank} is out of range [0, {ranks})."
+            )
         n = int(getattr(sampling_params, "n", 1) or 1)
         run = _Run(
             request_id,
@@ -201,6 +380,7 @@ class FakeAsyncLLM:
             collector=_Collector(_kind(sampling_params) == DELTA),
             done=[[] for _ in range(n)],
             stop=asyncio.Event(),
+            rank=data_parallel_rank or 0,
         )
         self._stops[request_id] = run.stop
         self.output_processor.running.add(request_id)
@@ -233,9 +413,31 @@ class FakeAsyncLLM:
                 await self._work.wait()
             await asyncio.sleep(self.token_delay_s)
             vocab = int(self.model_config.get_vocab_size())
+            stepped = False
             for run in list(self._runs.values()):
+                stepped = stepped or not run.stop.is_set()
                 if not self._step(run, vocab):
                     self._runs.pop(run.request_id, None)
+            if stepped:
+                self._record_stats()
+
+    def _record_stats(self) -> None:
+        """Each rank's ``SchedulerStats`` after a step, as vLLM's engine core sends them with its
+        outputs: its running requests (those that finished in the step no longer count), nothing
+        waiting (the fake admits every request at once), and its KV usage (the blocks its
+        requests' tokens fill). Only after a step that ran a request: vLLM drops an aborted
+        request without a step, so when the last running request is aborted its rank's last
+        stats still count it."""
+        if self.logger_manager is None:
+            return
+        cache = self.vllm_config.cache_config
+        block_size, capacity = int(cache.block_size or 1), int(cache.num_gpu_blocks or 0)
+        for rank in self.logger_manager.engine_indexes:
+            runs = [r for r in self._runs.values() if r.rank == rank]
+            blocks = -(-sum(len(r.ids) + r.step for r in runs) // block_size)
+            usage = min(1.0, blocks / capacity) if capacity else 0.0
+            stats = FakeSchedulerStats(num_running_reqs=len(runs), kv_cache_usage=usage)
+            self.logger_manager.record(stats, None, engine_idx=rank)
 
     def _step(self, run: _Run, vocab: int) -> bool:
         """One step of ``run``; False once it has put its last output."""
