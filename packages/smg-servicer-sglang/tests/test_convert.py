@@ -117,6 +117,26 @@ def test_invalid_requests(bad: pb.GenerateRequest) -> None:
     assert str(err.value)
 
 
+def test_a_dp_rank_must_be_one_of_the_engines() -> None:
+    """SGLang's DP controller raises on a rank it does not have, and dies with every rank's
+    requests: refused here, naming the range; a rank in range reaches the scheduler."""
+    two = ModelLimits(vocab_size=100, context_length=64, dp_size=2)
+    for rank in (2, 7, -1):
+        with pytest.raises(InvalidRequest, match=rf"data_parallel_rank {rank} is outside this "
+                           r"engine's DP ranks \(0 to 1\)"):  # fmt: skip
+            convert.generate_reqs(gen(data_parallel_rank=rank), two)
+    with pytest.raises(InvalidRequest, match=r"\(0 to 0\)"):
+        convert.generate_reqs(gen(data_parallel_rank=1), LIMITS)
+    with pytest.raises(InvalidRequest, match="data_parallel_rank 3"):
+        embed = pb.EmbedRequest(request_id="e", tokenized=pb.TokenizedInput(input_ids=[1, 2]))
+        embed.data_parallel_rank = 3
+        convert.embed_req(embed, ModelLimits(100, 64, is_generation=False, dp_size=2))
+    specs, _ = convert.generate_reqs(gen(data_parallel_rank=1), two)
+    assert specs[0].fields["routed_dp_rank"] == 1
+    specs, _ = convert.generate_reqs(gen(), two)
+    assert specs[0].fields["routed_dp_rank"] is None
+
+
 def test_embedding_model_refuses_generate() -> None:
     limits = ModelLimits(vocab_size=100, context_length=64, is_generation=False)
     with pytest.raises(InvalidRequest):
@@ -155,7 +175,8 @@ def test_disaggregation_and_routing_fields() -> None:
         lora_id="adapter-1",
         require_reasoning=True,
     )
-    req = one(request)
+    specs, _ = convert.generate_reqs(request, ModelLimits(100, 64, dp_size=4))
+    req = build(specs[0])
     assert req.bootstrap_host == "10.0.0.1"  # type: ignore[attr-defined]
     assert req.bootstrap_port == 8998  # type: ignore[attr-defined]
     assert req.bootstrap_room == 0  # type: ignore[attr-defined] - room 0 is a real room

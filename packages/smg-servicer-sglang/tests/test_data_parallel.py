@@ -1,6 +1,7 @@
 """Two data-parallel ranks (SGLang's DP controller and two schedulers, launched by SGLang's own
-launch code): requests spread over both, loads per rank, control requests fan out, and the death
-of one rank stops the server with exit 1."""
+launch code): a request pinned to a rank runs there, a rank the engine lacks is refused, requests
+spread over both, loads per rank, control requests fan out, and the death of one rank stops the
+server with exit 1."""
 
 from __future__ import annotations
 
@@ -34,9 +35,43 @@ def dp_server(tiny_model: Path) -> Iterator[Server]:
         server.stop()
 
 
+async def _pinned_requests_run_on_their_rank(stub: pb_grpc.SglangSchedulerStub) -> None:
+    """Two long streams that name rank 1 run there and none on rank 0: the DP controller would
+    spread them over both ranks if the pin were dropped. A rank the engine does not have is
+    refused (SGLang's controller raises on it and dies), and the engine serves on."""
+
+    def pinned(i: int, rank: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(
+            request_id=f"dp-pinned-{i}-{rank}",
+            tokenized=pb.TokenizedInput(input_ids=[1, 5, 9, 200, 31]),
+            sampling_params=pb.SamplingParams(
+                temperature=0.0, max_new_tokens=1000, ignore_eos=True
+            ),
+            stream=True,
+            data_parallel_rank=rank,
+        )
+
+    calls = [stub.Generate(pinned(i, 1)) for i in range(2)]
+    try:
+        for call in calls:
+            first = await call.read()  # running: its first tokens came back
+            assert first is not grpc.aio.EOF and first.HasField("chunk")
+        loads = await stub.GetLoads(pb.GetLoadsRequest(include=["core"]))
+    finally:
+        for call in calls:
+            call.cancel()
+    assert {load.dp_rank: load.num_total_reqs for load in loads.loads} == {0: 0, 1: 2}
+    for rank in (2, -1):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Generate(pinned(9, rank)).read()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"data_parallel_rank {rank} is outside" in (refused.value.details() or "")
+
+
 async def _exercise(address: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.SglangSchedulerStub(channel)
+        await _pinned_requests_run_on_their_rank(stub)
 
         async def one(i: int) -> pb.GenerateComplete:
             req = pb.GenerateRequest(

@@ -39,6 +39,27 @@ class ModelLimits:
     vocab_size: int
     context_length: int
     is_generation: bool = True
+    #: The engine's data-parallel ranks: a request may name one of 0 .. dp_size - 1.
+    dp_size: int = 1
+
+
+def dp_rank_of(request: pb.GenerateRequest | pb.EmbedRequest, limits: ModelLimits) -> int | None:
+    """The DP rank the request is pinned to (SGLang's ``routed_dp_rank``), or None. A rank
+    outside the engine's is the client's fault: SGLang's DP controller raises on it and dies,
+    taking every rank's requests with it. ``EmbedRequest``'s field has no presence: 0 reads as
+    unset there (the engine picks)."""
+    rank = int(request.data_parallel_rank)
+    if isinstance(request, pb.GenerateRequest):
+        if not request.HasField("data_parallel_rank"):
+            return None
+    elif rank == 0:
+        return None
+    if not 0 <= rank < limits.dp_size:
+        raise InvalidRequest(
+            f"data_parallel_rank {rank} is outside this engine's DP ranks "
+            f"(0 to {limits.dp_size - 1})"
+        )
+    return rank
 
 
 @dataclass(slots=True)
@@ -173,7 +194,7 @@ def generate_reqs(
         logprob_start = -1
     if logprob_start >= len(ids):
         raise InvalidRequest(f"logprob_start_len {logprob_start} is past the prompt")
-    dp_rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+    dp_rank = dp_rank_of(request, limits)
     disagg = request.disaggregated_params if request.HasField("disaggregated_params") else None
     sampling = sampling_params(request.sampling_params, len(ids), limits)
     fields = {
@@ -210,7 +231,7 @@ def embed_req(request: pb.EmbedRequest, limits: ModelLimits) -> ReqSpec:
         "input_text": request.tokenized.original_text or None,
         "input_ids": ids,
         "token_type_ids": list(request.token_type_ids) or None,
-        "routed_dp_rank": request.data_parallel_rank or None,
+        "routed_dp_rank": dp_rank_of(request, limits),
     }
     return ReqSpec(request.request_id, fields, {"max_new_tokens": 0})
 

@@ -100,6 +100,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             vocab_size=int(facts["vocab_size"]),
             context_length=int(facts["context_length"]),
             is_generation=bool(facts["is_generation"]),
+            dp_size=max(int(getattr(manager, "dp_size", 1)), 1),
         )
         #: The process watchdog's verdict (set by the launcher): a reason once a scheduler died.
         self.dead_reason: Callable[[], str | None] = lambda: None
