@@ -25,9 +25,11 @@ def launcher_command(
     *extra: str,
     max_model_len: int = 1024,
     kv_cache_bytes: int = 128 << 20,
+    log_stats: bool = False,
 ) -> list[str]:
     """``python -m <the installed vLLM's launcher module> --model MODEL`` on 127.0.0.1:``port``,
-    float32, eager, ``kv_cache_bytes`` of KV cache, no stats logging; then ``extra``."""
+    float32, eager, ``kv_cache_bytes`` of KV cache, no stats logging unless ``log_stats`` (what
+    ``GetLoads`` reads per rank); then ``extra``."""
     return [
         sys.executable,
         "-m",
@@ -45,6 +47,6 @@ def launcher_command(
         "--enforce-eager",
         "--kv-cache-memory-bytes",
         str(kv_cache_bytes),
-        "--disable-log-stats",
+        *(() if log_stats else ("--disable-log-stats",)),
         *extra,
     ]
