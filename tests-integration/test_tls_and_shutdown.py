@@ -10,6 +10,7 @@ to hang (:mod:`smg_it.faults`), used for the TLS checks, then stopped."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -118,6 +119,38 @@ def test_the_router_serves_chat_over_mutual_tls(locked: tuple[str, Worker], pki:
     assert sidecar.connections > 0  # every byte went over the worker's TLS port
     usage = reply.json()["usage"]
     assert 0 < usage["completion_tokens"] <= 6 and usage["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("locked", ["mlx"], indirect=True)
+def test_the_routers_own_tls_flags_do_not_reach_a_grpc_worker(
+    locked: tuple[str, Worker], pki: MutualTls
+) -> None:
+    """Why the sidecar: the router (smg 1.13.0) given the worker as ``grpcs://`` and its own
+    client certificate, key and CA (``--client-cert-path``, ``--client-key-path``,
+    ``--ca-cert-paths``, which serve HTTP workers) cannot connect: its gRPC worker channel has no
+    TLS. Evidence for the README; when a router release gains it, this fails and the sidecar can
+    go. One engine is enough: the router never gets as far as the engine."""
+    _, worker = locked
+    failed = f"worker URL grpcs://127.0.0.1:{worker.port}: gRPC connection failed: transport error"
+    router = Router(f"grpcs://127.0.0.1:{worker.port}", *pki.router_flags())
+    process = router.start()
+    try:
+        deadline = time.monotonic() + 60
+        while failed not in _plain(router.log.read_text()) and time.monotonic() < deadline:
+            assert process.proc.poll() is None, process.tail()
+            time.sleep(0.2)
+        ready = httpx.get(router.base + "/readiness", timeout=5).status_code
+    finally:
+        router.stop()
+    assert failed in _plain(router.log.read_text()), process.tail()
+    assert ready != 200
+    with grpc.secure_channel(f"127.0.0.1:{worker.port}", _credentials(pki, pki.client)) as good:
+        assert _check(good, worker.service) == SERVING  # the same certificate, from a gRPC client
+
+
+def _plain(log: str) -> str:
+    """The router's log without its colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", log)
 
 
 def test_clients_without_a_certificate_of_the_ca_are_refused_at_the_handshake(

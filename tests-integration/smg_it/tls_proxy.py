@@ -1,8 +1,9 @@
 """A TLS-originating sidecar for the router: plain text in on 127.0.0.1, mutual TLS out.
 
 The router (``smg`` 1.13.0) cannot reach a gRPC worker over TLS: its worker channel is built
-without a TLS configuration (``grpcs://`` ends in tonic's "Connecting to HTTPS without TLS
-enabled"; ``--client-cert-path``/``--ca-cert-paths`` apply to HTTP workers only). Deployments
+without a TLS configuration (given ``grpcs://`` and its client certificate it never connects,
+"gRPC connection failed: transport error": ``test_the_routers_own_tls_flags_do_not_reach_a_grpc_
+worker``; ``--client-cert-path``/``--ca-cert-paths`` apply to HTTP workers only). Deployments
 that lock the worker's port put a TLS-originating sidecar (stunnel, Envoy) next to the router;
 :class:`TlsOriginator` is that sidecar for tests: each accepted connection is forwarded to the
 worker over TLS with the router's client certificate, ALPN ``h2``, the worker's certificate
