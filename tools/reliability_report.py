@@ -74,6 +74,7 @@ def _storm(f: Figures) -> str | None:
         f"{f['storm_requests']} requests / {f['storm_leaked']} leaked, "
         f"{f['storm_bad_endings']} bad endings, RSS x{f['storm_rss_ratio']}"
         + (f" then x{f['storm_rss_again_ratio']}" if "storm_rss_again_ratio" in f else "")
+        + (f" then x{f['storm_rss_third_ratio']}" if "storm_rss_third_ratio" in f else "")
         + ", "
         f"{f['storm_tracebacks']} tracebacks"
     )

@@ -2,10 +2,12 @@
 ended at a random point by the Abort RPC, a client cancel or a deadline. Afterwards the servicer
 tracks 0 requests, the engine holds 0, ``active_requests`` is 0, and its log has no traceback.
 
-Memory: a leak grows with every request, a cache fills once. So the storm runs twice: after the
-first the worker's RSS (its whole process tree) may have grown by :data:`FILL_BOUND` (allocator
+Memory: a leak grows with every request, a cache fills once. So the storm runs three times: after
+the first the worker's RSS (its whole process tree) may have grown by :data:`FILL_BOUND` (allocator
 arenas, MLX's buffer cache, gRPC's pools fill with the storm's batch shapes: 5-12 % measured), and
-the second storm, as many requests again, may add at most :data:`LEAK_BOUND` of it."""
+the next two storms, as many requests again each, must not both add more than :data:`LEAK_BOUND`:
+a leak grows over every storm, where MLX's buffer cache moves by a storm's batch shapes (one
+storm: -5 % to +9 % measured, the next back down; 5.5 % then 5.3 % once in a gate run)."""
 
 from __future__ import annotations
 
@@ -98,6 +100,9 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     outcomes += await storm(shared, REQUESTS, SEED + 2)
     left_again = shared.wait_idle()
     rss_again = shared.tree_rss()
+    outcomes += await storm(shared, REQUESTS, SEED + 3)
+    left_third = shared.wait_idle()
+    rss_third = shared.tree_rss()
     tracebacks = shared.tracebacks()
     bad = {k: v for k, v in outcomes.items() if k[1] not in ENDINGS}
     record(
@@ -107,6 +112,7 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
         storm_bad_endings=sum(bad.values()),
         storm_rss_ratio=round(rss_after / rss_before, 3),
         storm_rss_again_ratio=round(rss_again / rss_after, 3),
+        storm_rss_third_ratio=round(rss_third / rss_again, 3),
         storm_s=round(storm_s, 1),
         storm_tracebacks=len(tracebacks),
         storm_endings={f"{how}:{code}": n for (how, code), n in sorted(outcomes.items())},
@@ -116,11 +122,13 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
         f"left after the storm: servicer {servicer}, engine {engine}, active_requests {active}"
     )
     assert left_again == (0, 0, 0), f"left after the second storm: {left_again}"
+    assert left_third == (0, 0, 0), f"left after the third storm: {left_third}"
     assert rss_after <= rss_before * (1 + FILL_BOUND), (
         f"RSS {rss_before >> 20} -> {rss_after >> 20} MiB"
     )
-    assert rss_again <= rss_after * (1 + LEAK_BOUND), (
-        f"RSS grew again over the second storm: {rss_after >> 20} -> {rss_again >> 20} MiB"
+    assert rss_again <= rss_after * (1 + LEAK_BOUND) or rss_third <= rss_again * (1 + LEAK_BOUND), (
+        "RSS grew over each of the two storms after the first: "
+        f"{rss_after >> 20} -> {rss_again >> 20} -> {rss_third >> 20} MiB"
     )
     assert not tracebacks, tracebacks[0]
     with grpc.insecure_channel(shared.address) as channel:
