@@ -234,7 +234,7 @@ def loads(
     capacity = _count(releases.kv_capacity_tokens(_get(vc, "cache_config"))) or 0
     max_seqs = _count(_get(vc, "scheduler_config", "max_num_seqs")) or 0
     stats = scheduler_stats(engine)
-    idle = _frontend_idle(engine)
+    idle = _unfinished(engine) == 0
     response = pb.GetLoadsResponse(timestamp=datetime.now(UTC).isoformat(), version=version)
     for rank in ranks:
         counts = rank_counts(stats.get(rank))
@@ -258,12 +258,13 @@ def loads(
     return response
 
 
-def _frontend_idle(engine: Any) -> bool:
-    """True when the frontend holds no unfinished request (False when it cannot tell)."""
-    unfinished: Any = _get(engine, "output_processor", "get_num_unfinished_requests")
-    if not callable(unfinished):
-        return False
-    return unfinished() == 0
+def _unfinished(engine: Any) -> int | None:
+    """The requests the frontend holds unfinished (None when it cannot tell)."""
+    count: Any = _get(engine, "output_processor", "get_num_unfinished_requests")
+    if not callable(count):
+        return None
+    value: Any = count()
+    return int(value)
 
 
 def engine_load(engine: Any, response: pb.GetLoadsResponse) -> EngineLoad | None:
@@ -281,5 +282,7 @@ def engine_load(engine: Any, response: pb.GetLoadsResponse) -> EngineLoad | None
         )
     if _get(engine, "logger_manager") is not None:
         return None
-    unfinished: Any = engine.output_processor.get_num_unfinished_requests()
-    return EngineLoad(running=int(unfinished), waiting=0, kv_cache_usage=0.0)
+    unfinished = _unfinished(engine)
+    if unfinished is None:
+        return None
+    return EngineLoad(running=unfinished, waiting=0, kv_cache_usage=0.0)
