@@ -1,5 +1,6 @@
 """The real router with ``--policy cache_aware`` subscribes to a worker's KV events (our bridge,
-on vLLM and on SGLang) and keeps the stream while it routes requests."""
+on vLLM and on SGLang), is answered at once although the engine has published nothing yet, and
+keeps the stream while it routes requests."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def test_cache_aware_router_keeps_the_kv_event_stream(tiny_model: Path, engine: 
     worker = _worker(engine, tiny_model)
     with worker, Router(worker.url, policy="cache_aware") as router:
         model = httpx.get(router.base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        # Before any request, i.e. with an engine that has published nothing: the stream opens.
+        deadline = time.monotonic() + 10
+        while "KV event stream connected" not in router.log.read_text():
+            assert time.monotonic() < deadline, "the subscription was not answered while idle"
+            time.sleep(0.1)
         story = "Once upon a time the router sent every request to the best worker. " * 30
         for i in range(6):
             reply = httpx.post(
@@ -58,3 +64,7 @@ def test_cache_aware_router_keeps_the_kv_event_stream(tiny_model: Path, engine: 
         routed = router.log.read_text()
         assert "KV event stream connected" in routed
         assert routed.count("KV event stream connected") == 1, "no reconnect: the stream held"
+        # smg 1.13 gives a subscription 2 s to answer, then vetoes the worker as unreachable:
+        # the servicer answers at once and sends load records before the engine's first batch.
+        assert "Failed to subscribe to KV events" not in routed
+        assert "vetoed by liveness" not in routed

@@ -275,6 +275,59 @@ async def test_load_records_and_heartbeats() -> None:
         await reader.close()
 
 
+async def test_a_subscriber_that_asks_gets_each_ranks_load_before_any_batch() -> None:
+    """``load_records_before_first_batch`` (smg 1.13): a ``load_only`` batch per rank, numbered
+    0, from the subscription on, while the publishers are silent; without it, nothing until the
+    first batch. Ranks without a record (no stats yet) send none."""
+
+    def load(rank: int) -> pb.EngineLoad | None:
+        return pb.EngineLoad(running_requests=rank + 1) if rank < 2 else None
+
+    async with ScriptedPublisher() as pub0, ScriptedPublisher() as pub1:
+        pubs = [pub0, pub1, pub1]
+        sources = [source(pub, rank) for rank, pub in enumerate(pubs)]
+        asked = Reader(
+            KvRelay(sources, load_source=load, heartbeat_s=0.2, loads_before_first=True).stream(0)
+        )
+        plain = Reader(KvRelay(sources, load_source=load, heartbeat_s=0.2).stream(0))
+        await asked.until(lambda r: len(r.batches) >= 4, limit_s=5)
+        first = [(b.dp_rank, b.sequence_number, b.load.load_only) for b in asked.batches[:2]]
+        assert first == [(0, 0, True), (1, 0, True)]  # at once, before a heartbeat period
+        assert [b.load.running_requests for b in asked.batches[:4]] == [1, 2, 1, 2]
+        assert all(not b.events for b in asked.batches)
+        assert plain.batches == []
+        await joined(pub1, asked)  # rank 1 (and 2, same socket here) publish; rank 0 stays idle
+        seq = max(b.sequence_number for b in asked.batches if not b.load.load_only)
+        count = len(asked.batches)
+        await asked.until(lambda r: len(r.batches) >= count + 2)
+        beats = {(b.dp_rank, b.sequence_number) for b in asked.batches[count:] if b.load.load_only}
+        assert (0, 0) in beats and (1, seq) in beats
+        await asked.close()
+        await plain.close()
+
+
+async def test_subscribe_answers_once_accepted_and_refuses_before() -> None:
+    from smg_servicer_kv_bridge import relay
+
+    answered: list[str] = []
+
+    async def ready() -> None:
+        answered.append("headers")
+
+    async with ScriptedPublisher() as pub:
+        two = [source(pub, 0), source(pub, 1)]
+        with pytest.raises(OutOfRange):
+            await anext(relay.subscribe(two, 5, "off", ready=ready))
+        with pytest.raises(Unsupported, match="off"):
+            await anext(relay.subscribe(None, 0, "off", ready=ready))
+        assert answered == []
+        stream = relay.subscribe(two, 0, "off", lambda rank: pb.EngineLoad(), ready=ready,
+                                 loads_before_first=True)  # fmt: skip
+        batch = await asyncio.wait_for(anext(stream), 5)
+        assert answered == ["headers"] and batch.load.load_only
+        await stream.aclose()  # pyright: ignore[reportAttributeAccessIssue]
+
+
 async def test_sglang_reply_form_resumes_too() -> None:
     async with ScriptedPublisher(style="sglang") as pub:
         for _ in range(6):

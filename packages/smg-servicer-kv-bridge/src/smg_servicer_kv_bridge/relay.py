@@ -22,6 +22,13 @@ Semantics (the seed README's "KV-event recovery"):
   with more than one rank is OUT_OF_RANGE.
 - A payload that does not decode is forwarded as an empty batch with its sequence number, so the
   router sees no false gap.
+- Heartbeats: a ``load_only`` batch repeating the last sent sequence after ``heartbeat_s`` without
+  a batch, carrying the engine's load record. A subscriber that sets
+  ``load_records_before_first_batch`` (smg 1.13) gets them from the subscription on, one per rank,
+  numbered 0 for a rank that has published nothing yet, so an idle engine's load reaches it; it
+  gets its response headers at once as well (smg 1.13 gives a subscription 2 s to answer, then
+  vetoes the worker as unreachable). Other subscribers get their first record with the first
+  batch, as before.
 
 Invariants: sockets are polled before every receive (cancelling a ``zmq.asyncio`` receive can drop
 a message; cancelling a poll cannot), every socket is closed on exit, and memory is bounded (the SUB
@@ -34,7 +41,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import zmq
@@ -114,8 +121,10 @@ class KvRelay:
         load_source: LoadSource | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         metrics: ServicerMetrics | None = None,
+        loads_before_first: bool = False,
     ) -> None:
         self.sources = list(sources)
+        self.loads_before_first = loads_before_first
         self.context = context or zmq.asyncio.Context.instance()
         self.replay_timeout_s = replay_timeout_s
         self.max_replay = max_replay
@@ -142,7 +151,8 @@ class KvRelay:
             if metrics is not None:
                 metrics.kv_closed()
 
-    async def _stream(self, start_seq: int) -> AsyncIterator[pb.KvEventBatch]:
+    def refuse(self, start_seq: int) -> None:
+        """Raise the status a subscription from ``start_seq`` ends with before any batch."""
         if not self.sources:
             raise Unsupported("no KV-event publisher is configured on this engine")
         if start_seq and len(self.sources) > 1:
@@ -150,6 +160,9 @@ class KvRelay:
                 f"one cursor cannot resume {len(self.sources)} DP ranks (their sequences are "
                 "independent); resubscribe with 0"
             )
+
+    async def _stream(self, start_seq: int) -> AsyncIterator[pb.KvEventBatch]:
+        self.refuse(start_seq)
         ranks = [self._subscribe(source) for source in self.sources]
         poller = zmq.asyncio.Poller()
         for rank in ranks:
@@ -184,15 +197,17 @@ class KvRelay:
         self, ranks: list[_Rank], poller: zmq.asyncio.Poller
     ) -> AsyncIterator[pb.KvEventBatch]:
         by_socket = {id(rank.socket): rank for rank in ranks}
-        last_activity = time.monotonic()
+        last_activity = time.monotonic() - (self.heartbeat_s if self.loads_before_first else 0)
         while True:
+            due = time.monotonic() - last_activity >= self.heartbeat_s
+            if due and (self._started or self.loads_before_first):
+                heartbeats = self._heartbeats(ranks)
+                if heartbeats:
+                    last_activity = time.monotonic()
+                for heartbeat in heartbeats:
+                    yield heartbeat
             ready = await poller.poll(timeout=int(POLL_S * 1000))
             if not ready:
-                if self._started and time.monotonic() - last_activity >= self.heartbeat_s:
-                    heartbeat = self._heartbeat(ranks)
-                    if heartbeat is not None:
-                        last_activity = time.monotonic()
-                        yield heartbeat
                 continue
             for socket, _ in ready:
                 rank = by_socket[id(socket)]
@@ -325,17 +340,24 @@ class KvRelay:
             load.sample = self._load_sample
         return load
 
-    def _heartbeat(self, ranks: list[_Rank]) -> pb.KvEventBatch | None:
-        """A ``load_only`` batch repeating the last sent sequence (no events)."""
-        rank = max(ranks, key=lambda r: r.last_sent_seq)
-        load = self._load(rank.source.rank)
-        if load is None:
-            return None
-        load.load_only = True
-        self.stats.heartbeats += 1
-        return pb.KvEventBatch(
-            sequence_number=rank.last_sent_seq, dp_rank=rank.source.rank, load=load
-        )
+    def _heartbeats(self, ranks: list[_Rank]) -> list[pb.KvEventBatch]:
+        """``load_only`` batches (no events) repeating the last sent sequence: one per rank for a
+        subscriber that takes records before the first batch, else the latest rank's only."""
+        if not self.loads_before_first:
+            ranks = [max(ranks, key=lambda r: r.last_sent_seq)]
+        heartbeats: list[pb.KvEventBatch] = []
+        for rank in ranks:
+            load = self._load(rank.source.rank)
+            if load is None:
+                continue
+            load.load_only = True
+            self.stats.heartbeats += 1
+            heartbeats.append(
+                pb.KvEventBatch(
+                    sequence_number=rank.last_sent_seq, dp_rank=rank.source.rank, load=load
+                )
+            )
+        return heartbeats
 
 
 async def subscribe(
@@ -344,13 +366,24 @@ async def subscribe(
     off_hint: str,
     load_source: LoadSource | None = None,
     metrics: ServicerMetrics | None = None,
+    *,
+    loads_before_first: bool = False,
+    ready: Callable[[], Awaitable[object]] | None = None,
 ) -> AsyncIterator[pb.KvEventBatch]:
     """``SubscribeKvEvents`` for a servicer: UNIMPLEMENTED with ``off_hint`` when the engine
     publishes no ZMQ KV events (``sources`` None; the router falls back to GetLoads), else one
-    relay over every rank from ``start_seq``, reporting to ``metrics`` when given."""
+    relay over every rank from ``start_seq``, reporting to ``metrics`` when given.
+    ``loads_before_first`` is the request's ``load_records_before_first_batch``; ``ready`` (the
+    call's ``send_initial_metadata``) is awaited once the subscription is accepted, so the
+    subscriber sees it answered before the first batch."""
     if sources is None:
         raise Unsupported(off_hint)
+    relay = KvRelay(
+        sources, load_source=load_source, metrics=metrics, loads_before_first=loads_before_first
+    )
+    relay.refuse(start_seq)
     logger.info("KV-event subscription opened (start=%d, ranks=%d)", start_seq, len(sources))
-    relay = KvRelay(sources, load_source=load_source, metrics=metrics)
+    if ready is not None:
+        await ready()
     async for batch in relay.stream(start_seq):
         yield batch

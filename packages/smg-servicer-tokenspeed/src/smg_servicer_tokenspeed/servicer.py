@@ -497,7 +497,13 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         sources = kv_events.kv_sources(self.server_args.kv_events_config, self.dp_size)
         start = request.start_sequence_number
         async for batch in subscribe(
-            sources, start, kv_events.OFF, self._load_record, self.metrics
+            sources,
+            start,
+            kv_events.OFF,
+            self._load_record,
+            self.metrics,
+            loads_before_first=request.load_records_before_first_batch,
+            ready=lambda: context.send_initial_metadata(()),
         ):
             yield batch
 

@@ -428,7 +428,15 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.engine)
         start = request.start_sequence_number
-        async for batch in subscribe(sources, start, _KV_OFF, self._load_record, self.metrics):
+        async for batch in subscribe(
+            sources,
+            start,
+            _KV_OFF,
+            self._load_record,
+            self.metrics,
+            loads_before_first=request.load_records_before_first_batch,
+            ready=lambda: context.send_initial_metadata(()),
+        ):
             yield batch
 
     def _load_record(self, rank: int) -> common_pb2.EngineLoad | None:
