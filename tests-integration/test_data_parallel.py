@@ -5,7 +5,9 @@ directly: a request pinned to a rank runs on that rank, a rank the engine lacks 
 ``GetLoads`` reports each rank (SGLang's direct checks: packages/smg-servicer-sglang/tests/
 test_data_parallel.py). vLLM and SGLang (``--dp-size 2``: SGLang's DP controller and two
 schedulers) through the router with ``--dp-aware``: a router worker per rank, and the requests
-the router sends to a rank's worker run on that rank.
+the router sends to a rank's worker run on that rank. KV events on both engines: every rank's
+batches reach a subscriber with their rank and their rank's own sequence, and the router's
+``cache_aware`` policy takes them in (see the last test for how it credits them).
 
 The pin is observed, not assumed: both engines balance requests over their ranks by themselves,
 so a servicer that dropped ``data_parallel_rank`` would spread these requests and fail."""
@@ -13,7 +15,9 @@ so a servicer that dropped ``data_parallel_rank`` would spread these requests an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import json
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +26,12 @@ import httpx
 import pytest
 
 from smg_it.harness import Worker, sglang_worker
+from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.proto import vllm_engine_pb2_grpc as pb_grpc
 from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.process import free_port
-from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES
+from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES, Wire
 from smg_servicer_core.testing.router import Router
 
 pytestmark = pytest.mark.integration
@@ -35,6 +40,25 @@ pytestmark = pytest.mark.integration
 LONG = 900
 #: The header the router hashes to pick a worker (consistent hashing): one key, one worker.
 ROUTING_KEY = "x-smg-test-routing-key"
+#: Prompts longer than a KV block (vLLM's CPU block is 128 tokens) from disjoint token ranges,
+#: so that a stored block tells which prompt it came from.
+PROMPTS = {
+    "rank 0": [7 + i % 50 for i in range(300)],
+    "rank 1": [60 + i % 37 for i in range(300)],
+    "router": [100 + i % 41 for i in range(300)],
+}
+
+
+def _kv_events_config(engine: str) -> str:
+    """ZMQ KV events (each rank binds the port plus its rank)."""
+    config: dict[str, object] = {
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+    }
+    if engine == "vllm":
+        config["enable_kv_cache_events"] = True
+    return json.dumps(config)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +67,8 @@ def dp_worker(tiny_model: Path) -> Iterator[Worker]:
     from smg_servicer_vllm.testing import launcher_command
 
     port = free_port()
-    cmd = launcher_command(tiny_model, port, "--data-parallel-size", "2", log_stats=True)
+    kv = ("--kv-events-config", _kv_events_config("vllm"))
+    cmd = launcher_command(tiny_model, port, "--data-parallel-size", "2", *kv, log_stats=True)
     with Worker(cmd, port, service=SERVICES["vllm"], start_timeout_s=240) as worker:
         yield worker
 
@@ -54,6 +79,7 @@ def sglang_dp_worker(tiny_model: Path) -> Iterator[Worker]:
     asks for an explicit binding beyond one NUMA node)."""
     env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
     flags = ("--dp-size", "2", "--max-total-tokens", "8192")
+    flags += ("--kv-events-config", _kv_events_config("sglang"))
     with sglang_worker(tiny_model, free_port(), *flags, env=env) as worker:
         yield worker
 
@@ -189,3 +215,128 @@ def test_the_dp_aware_router_has_a_worker_per_rank_and_its_requests_run_there(
         assert {(w["dp_rank"], w["dp_size"]) for w in workers} == {(0, 2), (1, 2)}
         model = workers[0]["model_id"]
         asyncio.run(_through_the_router(router, model, engine, dp_worker.port))
+
+
+def _dp_worker(request: pytest.FixtureRequest, engine: str) -> Worker:
+    return request.getfixturevalue("dp_worker" if engine == "vllm" else "sglang_dp_worker")
+
+
+async def _run_pinned(stub: Any, engine: Wire, prompt: Sequence[int], rank: int) -> None:
+    request = generate_request(engine, prompt, max_tokens=2)
+    request.data_parallel_rank = rank
+    async for _ in stub.Generate(request):
+        pass
+
+
+def _stored_tokens(batches: Sequence[common_pb2.KvEventBatch], rank: int) -> list[int]:
+    return [
+        token
+        for batch in batches
+        if batch.dp_rank == rank
+        for event in batch.events
+        if event.HasField("stored")
+        for block in event.stored.blocks
+        for token in block.token_ids
+    ]
+
+
+def _holds(tokens: Sequence[int], prompt: Sequence[int]) -> bool:
+    """Whether ``tokens`` hold the prompt's first 64 tokens in a row."""
+    head = list(prompt[:64])
+    return any(list(tokens[i : i + 64]) == head for i in range(len(tokens) - 63))
+
+
+async def _kv_events_per_rank(engine: Wire, port: int) -> list[common_pb2.KvEventBatch]:
+    """One subscription; a prompt pinned to rank 1, then another to rank 0: the batches until
+    both ranks have stored their prompt's blocks."""
+    batches: list[common_pb2.KvEventBatch] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = STUBS[engine](channel)
+        subscription = stub.SubscribeKvEvents(
+            common_pb2.SubscribeKvEventsRequest(load_records_before_first_batch=True)
+        )
+        await asyncio.wait_for(subscription.initial_metadata(), 5)  # answered while idle
+
+        async def read() -> None:
+            async for batch in subscription:
+                batches.append(batch)
+
+        reader = asyncio.create_task(read())
+        try:
+            await asyncio.sleep(0.5)  # the relay's SUB sockets join the publishers
+            await _run_pinned(stub, engine, PROMPTS["rank 1"], 1)
+            await _run_pinned(stub, engine, PROMPTS["rank 0"], 0)
+            deadline = time.monotonic() + 20
+            while not all(_stored_tokens(batches, rank) for rank in (0, 1)):
+                assert time.monotonic() < deadline, [(b.dp_rank, len(b.events)) for b in batches]
+                assert not reader.done(), reader
+                await asyncio.sleep(0.05)
+        finally:
+            subscription.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    return batches
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_kv_events_come_from_every_rank_with_their_rank_and_sequence(
+    request: pytest.FixtureRequest, engine: Wire
+) -> None:
+    """Each rank's publisher is relayed on one subscription: the blocks of the prompt pinned to
+    a rank arrive stamped with that rank (and only there), each rank numbers its batches itself,
+    contiguously, and load records carry the rank they describe."""
+    worker = _dp_worker(request, engine)
+    batches = asyncio.run(_kv_events_per_rank(engine, worker.port))
+    for rank, other in ((0, "rank 1"), (1, "rank 0")):
+        tokens = _stored_tokens(batches, rank)
+        assert _holds(tokens, PROMPTS[f"rank {rank}"]), (rank, tokens[:80])
+        assert not _holds(tokens, PROMPTS[other]), rank
+        seqs = [b.sequence_number for b in batches if b.dp_rank == rank and not b.load.load_only]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (rank, seqs)
+    assert {b.dp_rank for b in batches} == {0, 1}
+
+
+def _kv_blocks(router: Router) -> dict[int, int]:
+    """The router's count of stored blocks it applied, per rank worker."""
+    text = httpx.get(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).text
+    blocks: dict[int, int] = {0: 0, 1: 0}
+    for line in text.splitlines():
+        if line.startswith("smg_kv_event_blocks_total{") and 'op="stored"' in line:
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            blocks[int(worker.rsplit("@", 1)[1])] = int(float(line.rsplit(" ", 1)[1]))
+    return blocks
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_dp_aware_cache_aware_router_takes_every_ranks_events_for_every_rank_worker(
+    request: pytest.FixtureRequest, engine: Wire
+) -> None:
+    """The router (``--dp-aware --policy cache_aware``) opens one subscription per rank worker,
+    answered at once, and applies every batch it gets. It does not look at ``dp_rank``: blocks
+    stored on rank 1 alone are credited to the rank-0 worker as well (smg 1.13.0; the request
+    carries no rank, so the servicer cannot send each rank worker its own). This test fails
+    once a router release keeps the ranks apart; until then cache-aware routing over DP ranks
+    of one worker cannot prefer the rank that holds a prefix."""
+    worker = _dp_worker(request, engine)
+    with Router(worker.url, "--dp-aware", policy="cache_aware") as router:
+        deadline = time.monotonic() + 10
+        while router.log.read_text().count("KV event stream connected") < 2:
+            assert time.monotonic() < deadline, "a rank worker's subscription was not answered"
+            time.sleep(0.1)
+        before = _kv_blocks(router)
+
+        async def pinned() -> None:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+                await _run_pinned(STUBS[engine](channel), engine, PROMPTS["router"], 1)
+
+        asyncio.run(pinned())
+        deadline = time.monotonic() + 20
+        while True:  # until both rank workers' streams have delivered rank 1's batches
+            after = _kv_blocks(router)
+            added = {rank: after[rank] - before[rank] for rank in (0, 1)}
+            if (added[1] > 0 and added[0] >= added[1]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        routed = router.log.read_text()
+    assert added[1] > 0, "the router never applied rank 1's blocks"
+    assert added[0] == added[1], added
+    assert "Failed to subscribe to KV events" not in routed
