@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smg_servicer_core.config import Setting, setting_value
-from smg_servicer_core.errors import ConfigError
+from smg_servicer_core.errors import ConfigError, FailedPrecondition
 from smg_servicer_core.tensors import RawTensor
 from smg_servicer_tokenspeed.convert import ChildSpec
 from smg_servicer_tokenspeed.mm import MmItem
@@ -171,26 +171,31 @@ def _tensor(raw: RawTensor) -> Any:
     return torch.frombuffer(bytearray(raw.data), dtype=dtype).reshape(raw.shape)
 
 
+def _data_item(item: MmItem, feature_dtype: str) -> Any:
+    """TokenSpeed's ``MultimodalDataItem`` for one item, its feature cast to ``feature_dtype``."""
+    from tokenspeed.runtime.multimodal import inputs as mmi  # noqa: PLC0415
+
+    feature = _tensor(item.feature) if item.feature is not None else None
+    if feature is not None and feature_dtype in FEATURE_DTYPES:
+        feature = feature.to(_torch_dtype(feature_dtype))
+    data = mmi.MultimodalDataItem(
+        modality=mmi.Modality[item.modality.upper()],
+        hash=item.hash,
+        offsets=list(item.offsets),
+        feature=feature,
+        model_specific_data={k: _tensor(v) for k, v in item.model_specific.items()},
+        encode_handshake=item.encode_handshake,
+    )
+    data.set_pad_value()
+    return data
+
+
 def multimodal_inputs(items: list[MmItem], feature_dtype: str = "") -> Any:
     """TokenSpeed's ``MultimodalInputs`` for one request's items (a fresh object per choice: the
     front end publishes each one's features to shared memory on its own)."""
     from tokenspeed.runtime.multimodal import inputs as mmi  # noqa: PLC0415
 
-    built: list[Any] = []
-    for item in items:
-        feature = _tensor(item.feature) if item.feature is not None else None
-        if feature is not None and feature_dtype in FEATURE_DTYPES:
-            feature = feature.to(_torch_dtype(feature_dtype))
-        data = mmi.MultimodalDataItem(
-            modality=mmi.Modality[item.modality.upper()],
-            hash=item.hash,
-            offsets=list(item.offsets),
-            feature=feature,
-            model_specific_data={k: _tensor(v) for k, v in item.model_specific.items()},
-            encode_handshake=item.encode_handshake,
-        )
-        data.set_pad_value()
-        built.append(data)
+    built = [_data_item(item, feature_dtype) for item in items]
     token = {
         i.modality: i.placeholder_token_id for i in items if i.placeholder_token_id is not None
     }
@@ -220,6 +225,44 @@ def generate_input(spec: ChildSpec, *, log_metrics: bool = True, feature_dtype: 
         req.precomputed_multimodal_inputs = multimodal_inputs(spec.mm_items, feature_dtype)
     req.rid = spec.rid
     return req
+
+
+def disaggregation_mode(server_args: Any) -> str:
+    """TokenSpeed's ``--disaggregation-mode``: null, prefill, decode or encode."""
+    return str(getattr(server_args, "disaggregation_mode", None) or "null")
+
+
+def encode_bootstrap(server_args: Any) -> tuple[str, int]:
+    """Where prefill workers reach an encode worker's own bootstrap server: TokenSpeed's host
+    address (``TOKENSPEED_HOST_IP`` or ``HOST_IP``, else the host's) and
+    ``--disaggregation-bootstrap-port``."""
+    from tokenspeed.runtime.utils.network import get_ip  # noqa: PLC0415
+
+    host = get_ip()
+    if host in ("", "0.0.0.0"):
+        raise FailedPrecondition(
+            "this encode worker's address is unknown: set TOKENSPEED_HOST_IP to the address its "
+            "prefill workers reach it on"
+        )
+    return host, int(server_args.disaggregation_bootstrap_port)
+
+
+def encode_request(
+    rid: str, bootstrap: tuple[str, int, int], item: MmItem, feature_dtype: str = ""
+) -> Any:
+    """TokenSpeed's ``EncodeRequest`` (its encode loop's one message): ``bootstrap`` is this
+    worker's bootstrap server and the prefill peer's room on it; ``item`` what the vision tower
+    runs."""
+    from tokenspeed.runtime.epd.encode_worker import EncodeRequest  # noqa: PLC0415
+
+    host, port, room = bootstrap
+    return EncodeRequest(
+        request_id=rid,
+        bootstrap_host=host,
+        bootstrap_port=port,
+        bootstrap_room=room,
+        items=[_data_item(item, feature_dtype)],
+    )
 
 
 def dp_size(server_args: Any) -> int:

@@ -8,11 +8,16 @@ length and inside the prompt; an image carries no ``video_grid_thw``, a video ca
 modality; the encoder input may be left out only by an EPD prefill request (one that names the
 encode workers in ``encode_bootstrap_info``), whose items must exist. Tensors are read with core's
 :func:`smg_servicer_core.tensors.read_tensor` (inline bytes or shared memory, read then unlinked).
+
+An encode worker's ``EncodeRequest`` (:func:`encode_item`) carries exactly one item, with its
+encoder input, and one bootstrap room: TokenSpeed's ``EncodeRequest`` has one room for all its
+items.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import common_pb2
@@ -51,7 +56,7 @@ def _grid_rule(modality: str, names: set[str], where: str) -> None:
         raise InvalidRequest(f"{where}: an audio item carries no grid")
 
 
-def _item(item: pb.MultimodalItem, index: int, prompt_len: int, epd: bool) -> MmItem:
+def _item(item: pb.MultimodalItem, index: int, prompt_len: int | None, epd: bool) -> MmItem:
     where = f"mm_inputs.items[{index}]"
     modality = MODALITIES.get(int(item.modality))  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
     if modality is None:
@@ -62,7 +67,7 @@ def _item(item: pb.MultimodalItem, index: int, prompt_len: int, epd: bool) -> Mm
     for p in item.placeholders:
         if p.length == 0:
             raise InvalidRequest(f"{where}: a placeholder has length 0")
-        if p.offset + p.length > prompt_len:
+        if prompt_len is not None and p.offset + p.length > prompt_len:
             raise InvalidRequest(
                 f"{where}: placeholder {p.offset}+{p.length} is outside the prompt ({prompt_len})"
             )
@@ -130,3 +135,22 @@ def items(request: pb.GenerateRequest) -> list[MmItem] | None:
                 old.placeholder_token_id, handshake,
             )  # fmt: skip
     return out
+
+
+def encode_item(request: Any) -> tuple[MmItem, int]:
+    """A ``TokenSpeedEncoder.EncodeRequest``'s one item (its encoder input required;
+    placeholders as in a prompt, which the encode worker does not see) and the bootstrap room
+    its embedding goes to."""
+    if not request.HasField("mm_inputs"):
+        raise InvalidRequest("mm_inputs is required")
+    count, rooms = len(request.mm_inputs.items), len(request.items)
+    if count != 1 or rooms != 1:
+        raise InvalidRequest(
+            f"an encode request carries exactly one item and one room assignment, got {count} "
+            f"item(s) and {rooms} assignment(s)"
+        )
+    item = _item(request.mm_inputs.items[0], 0, None, epd=False)
+    room = int(request.items[0].bootstrap_room)
+    if room < 0:
+        raise InvalidRequest(f"bootstrap_room must be >= 0, got {room}")
+    return item, room

@@ -4,11 +4,12 @@
 1. launch TokenSpeed through its own ``_launch_subprocesses`` (the scheduler ranks and the
    in-process ``AsyncLLM``), blocking until every rank is ready; SIGTERM/SIGINT meanwhile stop the
    launch and the ranks (exit 0); a rank that dies or fails gives exit 1;
-2. serve ``TokenSpeedScheduler`` (+ the encoder service, UNIMPLEMENTED) + ``grpc.health.v1`` +
-   reflection on TokenSpeed's ``--host``/``--port``; NOT_SERVING until a one-token warm-up request
-   went through the scheduler (``SMG_TOKENSPEED_SERVICER_WARMUP=off`` or
-   ``TOKENSPEED_SKIP_GRPC_WARMUP=1`` skip it); a failed warm-up stays NOT_SERVING, the reason in the
-   log, and the process keeps running for an operator to look at;
+2. serve ``TokenSpeedScheduler`` (+ the encoder service: UNIMPLEMENTED but on an encode worker,
+   ``--disaggregation-mode encode``) + ``grpc.health.v1`` + reflection on TokenSpeed's
+   ``--host``/``--port``; NOT_SERVING until a one-token warm-up request went through the scheduler
+   (``SMG_TOKENSPEED_SERVICER_WARMUP=off`` or ``TOKENSPEED_SKIP_GRPC_WARMUP=1`` skip it; an encode
+   worker has no language model to warm up: SERVING once launched); a failed warm-up stays
+   NOT_SERVING, the reason in the log, and the process keeps running for an operator to look at;
 3. core's watchdog: a scheduler rank that exits, signals a failure (SIGQUIT) or a front-end loop
    that fails ends the server with exit 1 within a few tenths of a second, every rank stopped;
 4. SIGTERM/SIGINT: NOT_SERVING, in-flight calls drain for up to ``--grace-period`` (30 s; the
@@ -107,6 +108,9 @@ class Engine:
         self.quit_reason = "a scheduler rank reported a fatal error (SIGQUIT)"
 
     async def wait_ready(self) -> None:
+        if self.servicer.encode_role:
+            logger.info("encode worker: no language model to warm up")
+            return
         if not self.warmup:
             logger.info("warm-up skipped")
             return
@@ -164,6 +168,10 @@ def _launch(server_args: Any) -> ts.Launched | int:
         logger.error("TokenSpeed failed to start: %s", exc)
         stop_ranks(multiprocessing.active_children())
         return ExitCode.ENGINE_DIED
+    except ValueError as exc:  # TokenSpeed's own refusal of its flags or the model
+        logger.error("invalid configuration: TokenSpeed refused it: %s", exc)
+        stop_ranks(multiprocessing.active_children())
+        return ExitCode.CONFIG
 
 
 async def run(

@@ -13,6 +13,16 @@ non-streaming sends one ``complete`` per choice with every id and logprob.
 A scheduler abort with an HTTP status maps through the HTTP table with the scheduler's message;
 TokenSpeed's own request checks (``ValueError``) are INVALID_ARGUMENT with TokenSpeed's message;
 core's shared checks run first, with the same messages as every engine.
+
+An encode worker (``--disaggregation-mode encode``: TokenSpeed's EPD encode role, a vision tower
+and no language model) serves ``TokenSpeedEncoder.Encode``: one image item and its bootstrap room
+go to TokenSpeed's encode loop as its ``EncodeRequest``, acknowledged at once (the embedding goes
+to the prefill worker, never back through here). The scheduler service stays for the router's
+discovery (health, model and server info), but nothing that needs the language model or a
+scheduler reply reaches the encode loop, which answers none: Generate is FAILED_PRECONDITION;
+FlushCache, StartProfile and StopProfile are UNIMPLEMENTED; GetLoads is an empty report (a
+GetLoads on an encode worker once killed the engine upstream, smg#2249); HealthCheck is shallow;
+GetServerInfo does not ask the pause state.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from smg_servicer_core.config import setting_value
 from smg_servicer_core.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidRequest,
     Unsupported,
     grpc_errors,
@@ -54,7 +65,7 @@ from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing, take_waiting
 from smg_servicer_kv_bridge import subscribe
 from smg_servicer_tokenspeed import _tokenspeed as ts
-from smg_servicer_tokenspeed import convert, info, kv_events, loads
+from smg_servicer_tokenspeed import convert, info, kv_events, loads, mm
 from smg_servicer_tokenspeed.convert import ChildSpec, Choice, Limits
 from smg_servicer_tokenspeed.settings import HEALTH_TIMEOUT, PAIRING_PROTOCOL, PAUSE_PROBE_TIMEOUT
 
@@ -73,6 +84,15 @@ PROFILE_TIMEOUT_S = 600.0
 QUEUE_PER_CHOICE = 4
 _ABORTED = object()
 _MODALITY = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO, "audio": common_pb2.AUDIO}
+#: What the encode role refuses: its loop has no language model and answers no control message.
+_ENCODE_NO_GENERATE = (
+    "Generate is unavailable on a TokenSpeed encode worker (--disaggregation-mode encode): it "
+    "runs the vision tower only; the router sends it Encode"
+)
+_ENCODE_NO_CONTROL = (
+    "{} is not served by a TokenSpeed encode worker (--disaggregation-mode encode): its encode "
+    "loop answers no control message"
+)
 
 
 def _struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -157,6 +177,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         )
         self.dp_size = ts.dp_size(self.server_args)
         self.feature_dtype = str(self.scheduler_info.get("multimodal_encoder_dtype") or "")
+        #: TokenSpeed's EPD encode role (no language model; the encoder service is served).
+        self.encode_role = ts.disaggregation_mode(self.server_args) == "encode"
         self.health_timeout_s = (
             health_timeout_s if health_timeout_s is not None else setting_value(HEALTH_TIMEOUT)
         )
@@ -167,10 +189,11 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         super().__init__(health=health, metrics=metrics)
 
     def bindings(self) -> list[ServiceBinding]:
-        """The scheduler service and the encoder service (which answers UNIMPLEMENTED)."""
+        """The scheduler service and the encoder service (UNIMPLEMENTED but on an encode
+        worker)."""
         add = getattr(tokenspeed_encoder_pb2_grpc, "add_TokenSpeedEncoderServicer_to_server")  # noqa: B009 - the generated module has no stubs
         name = tokenspeed_encoder_pb2.DESCRIPTOR.services_by_name["TokenSpeedEncoder"].full_name
-        encoder = bind_servicer(name, add, EncoderServicer())
+        encoder = bind_servicer(name, add, EncoderServicer(self))
         return [self.binding(), encoder]
 
     @property
@@ -196,6 +219,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
+        if self.encode_role:
+            raise FailedPrecondition(_ENCODE_NO_GENERATE)
         specs = convert.generate_specs(request, self.limits)
         rid = request.request_id
         async with self.registry.track(rid):
@@ -279,7 +304,7 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
             return pb.HealthCheckResponse(healthy=False, message=reason)
         if getattr(self.llm, "gracefully_exit", False):
             return pb.HealthCheckResponse(healthy=False, message="shutting down")
-        if str(getattr(self.server_args, "disaggregation_mode", "null")) != "null":
+        if ts.disaggregation_mode(self.server_args) != "null":
             return pb.HealthCheckResponse(healthy=True, message="OK")
         healthy, message = await self._deep_probe()
         return pb.HealthCheckResponse(healthy=healthy, message=message)
@@ -370,7 +395,10 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
 
     async def _is_paused(self) -> bool:
         """The scheduler's pause state, waited for at most the probe timeout; a probe still
-        pending is reused by the next call instead of piling up another."""
+        pending is reused by the next call instead of piling up another. An encode loop has no
+        pause state and answers no probe: not paused."""
+        if self.encode_role:
+            return False
         probe = self._pause_probe
         if probe is None or probe.done():
             probe = self._pause_probe = asyncio.ensure_future(self.llm.is_scheduler_paused())
@@ -406,6 +434,12 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         rank = request.dp_rank if request.HasField("dp_rank") else None
         if rank is not None and not 0 <= rank < self.dp_size:
             raise InvalidRequest(f"dp_rank {rank} does not exist (ranks: {self.dp_size})")
+        if self.encode_role:  # no KV cache, no load snapshot; the encode loop answers no query
+            return pb.GetLoadsResponse(
+                timestamp=datetime.now(UTC).isoformat(),
+                version=ts.TOKENSPEED_VERSION,
+                aggregate=loads.aggregate([]),
+            )
         try:
             await asyncio.wait_for(self.llm.get_load(), LOADS_TIMEOUT_S)
         except TimeoutError as exc:
@@ -425,6 +459,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
     async def FlushCache(
         self, request: common_pb2.FlushCacheRequest, context: Context
     ) -> common_pb2.FlushCacheResponse:
+        if self.encode_role:
+            raise Unsupported(_ENCODE_NO_CONTROL.format("FlushCache"))
         timeout_s = float(request.timeout_s)
         if not math.isfinite(timeout_s) or timeout_s < 0:
             raise InvalidRequest(f"timeout_s must be a finite number >= 0, got {timeout_s}")
@@ -468,6 +504,9 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
     async def StartProfile(
         self, request: common_pb2.StartProfileRequest, context: Context
     ) -> common_pb2.ProfileResponse:
+        if self.encode_role:
+            raise Unsupported(_ENCODE_NO_CONTROL.format("StartProfile"))
+
         def opt(name: str) -> Any:
             return getattr(request, name) if request.HasField(name) else None
 
@@ -486,6 +525,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
     async def StopProfile(
         self, request: common_pb2.StopProfileRequest, context: Context
     ) -> common_pb2.ProfileResponse:
+        if self.encode_role:
+            raise Unsupported(_ENCODE_NO_CONTROL.format("StopProfile"))
         return await self._profile(self.llm.stop_profile(), "profiling stopped")
 
     # -- KV events -------------------------------------------------------------------------
@@ -515,13 +556,29 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
 
 
 class EncoderServicer(tokenspeed_encoder_pb2_grpc.TokenSpeedEncoderServicer):
-    """``TokenSpeedEncoder``: this worker does not run TokenSpeed's encode role."""
+    """``TokenSpeedEncoder``: served by an encode worker only."""
+
+    def __init__(self, servicer: TokenSpeedServicer) -> None:
+        self.servicer = servicer
+        #: Where prefill workers fetch this worker's embeddings: its own bootstrap server.
+        self.bootstrap: tuple[str, int] | None = None
 
     @grpc_errors
     async def Encode(
         self, request: tokenspeed_encoder_pb2.EncodeRequest, context: Context
     ) -> tokenspeed_encoder_pb2.EncodeResponse:
-        raise Unsupported(
-            "this worker does not run TokenSpeed's encode role (EPD encode workers are not "
-            "served by smg-servicer-tokenspeed yet); send multimodal items with Generate"
-        )
+        owner = self.servicer
+        if not owner.encode_role:
+            raise Unsupported(
+                "this worker does not run TokenSpeed's encode role (start it with "
+                "--disaggregation-mode encode); send multimodal items with Generate"
+            )
+        item, room = mm.encode_item(request)
+        if self.bootstrap is None:
+            self.bootstrap = ts.encode_bootstrap(owner.server_args)
+        host, port = self.bootstrap
+        rid = request.request_id or uuid.uuid4().hex
+        encode = ts.encode_request(rid, (host, port, room), item, owner.feature_dtype)
+        owner.llm.submit_encode(encode)
+        logger.info("encode request %s (room %d) handed to the encode loop", rid, room)
+        return tokenspeed_encoder_pb2.EncodeResponse(accepted=True)

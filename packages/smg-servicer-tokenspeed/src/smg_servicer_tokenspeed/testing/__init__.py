@@ -43,3 +43,38 @@ def serve_command(
         "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         *CPU_FLAGS, *extra,
     ]  # fmt: skip
+
+
+#: A multimodal architecture TokenSpeed 0.1.1 knows (``is_multimodal_model``).
+MULTIMODAL_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
+
+
+def tiny_multimodal(text_model: Path, dest: Path) -> Path:
+    """A config-only tiny Qwen3.5 (vision + text) checkpoint in ``dest``, with ``text_model``'s
+    tokenizer: enough for TokenSpeed's front end to start an encode worker (it refuses a text
+    model: "disaggregation_mode=encode requires a multimodal checkpoint") while the stand-in
+    runs no tower. Needs transformers (any TokenSpeed environment has it)."""
+    import shutil  # noqa: PLC0415
+
+    from transformers import Qwen3_5Config  # noqa: PLC0415  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+
+    text = json.loads((text_model / "config.json").read_text())
+    config: Any = Qwen3_5Config(
+        text_config={
+            "vocab_size": text["vocab_size"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "max_position_embeddings": 1024,
+        },
+        vision_config={
+            "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    )  # fmt: skip
+    config.architectures = [MULTIMODAL_ARCHITECTURE]
+    dest.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(dest)
+    for path in text_model.iterdir():
+        if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
+            shutil.copy(path, dest / path.name)
+    return dest

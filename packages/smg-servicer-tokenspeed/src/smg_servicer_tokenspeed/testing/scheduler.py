@@ -25,6 +25,11 @@ sockets and answers with TokenSpeed's ``io_struct`` messages:
   finishes at once with ``{"type": "abort", "status_code": status, "message": ...}``, as the real
   scheduler refuses a request it cannot serve.
 
+With ``--disaggregation-mode encode`` it stands in for TokenSpeed's encode loop
+(``run_encode_loop``, :class:`EncodeStandIn`) instead: the encode loop's ready dict (no KV pool),
+each ``EncodeRequest`` taken and recorded (its bootstrap and items), every other message dropped
+with a warning and no reply, as the real loop does; no load snapshot.
+
 Every message it receives is appended as one JSON line to ``record`` (when set), which is how
 tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDIN`` (a JSON object:
 ``step_ms``, ``record``, ``crash_prefix``, ``refuse``).
@@ -32,6 +37,7 @@ tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDI
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -157,10 +163,7 @@ class StandIn:
         }
 
     def _record(self, entry: dict[str, Any]) -> None:
-        if self.record_path is None:
-            return
-        with self.record_path.open("a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        _append(self.record_path, entry)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -355,10 +358,88 @@ class StandIn:
         self.loads.send(frames[0], flags=self.zmq.NOBLOCK)
 
 
+def _spans(offsets: list[tuple[int, int]] | None) -> list[list[int]]:
+    return [[int(start), int(end)] for start, end in offsets or []]
+
+
+def _append(path: Path | None, entry: dict[str, Any]) -> None:
+    if path is None:
+        return
+    with path.open("a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
+class EncodeStandIn:
+    """TokenSpeed's encode loop as its front end meets it (``epd.encode_loop.run_encode_loop``):
+    the vision tower and the embedding transfer are what it leaves out."""
+
+    def __init__(self, server_args: Any, port_args: Any, options: dict[str, Any]) -> None:
+        worker = importlib.import_module("tokenspeed.runtime.epd.encode_worker")
+        self.request_type: type[Any] = worker.EncodeRequest
+        self.context = int(getattr(server_args, "max_model_len", None) or 2048)
+        self.max_num_seqs = int(getattr(server_args, "max_num_seqs", None) or MAX_NUM_SEQS)
+        record = options.get("record")
+        self.record_path = Path(record) if record else None
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.connect(port_args.scheduler_input_ipc_name)
+        self.receiver = io.IpcReceiver(self.pull)
+
+    def ready(self) -> dict[str, Any]:
+        return {
+            "status": "ready",
+            "max_total_num_tokens": 0,  # no KV pool
+            "max_req_input_len": self.context,
+            "max_single_request_tokens": self.context,
+            "max_num_seqs": self.max_num_seqs,
+            "chunked_prefill_size": self.context,
+            "max_model_len": self.context,
+            "multimodal_encoder_dtype": "bfloat16",
+            "supports_prompt_logprobs": False,
+        }
+
+    def serve(self) -> None:
+        while True:
+            self.handle(self.receiver.recv_pyobj())
+
+    def handle(self, obj: Any) -> None:
+        if not isinstance(obj, self.request_type):
+            _append(self.record_path, {"type": type(obj).__name__, "ignored": True})
+            logger.warning("encode loop ignoring unsupported message %s", type(obj).__name__)
+            return
+        received: list[Any] = list(obj.items)
+        items: list[dict[str, Any]] = [
+            {
+                "modality": item.modality.name,
+                "shape": list(item.feature.shape),
+                "dtype": str(item.feature.dtype).removeprefix("torch."),
+                "offsets": _spans(item.offsets),
+                "hash": item.hash,
+                "pad_value": item.pad_value,
+                "model_specific": sorted(item.model_specific_data),
+            }
+            for item in received
+        ]
+        _append(
+            self.record_path,
+            {
+                "type": "encode",
+                "request_id": obj.request_id,
+                "bootstrap": [obj.bootstrap_host, obj.bootstrap_port, obj.bootstrap_room],
+                "items": items,
+            },
+        )
+
+
 def run(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
     """The scheduler process's entry point (TokenSpeed's ``run_event_loop`` signature)."""
     logging.basicConfig(level=logging.INFO)
-    options = setting_value(STANDIN)
-    standin = StandIn(server_args, port_args, options if isinstance(options, dict) else {})  # pyright: ignore[reportUnknownArgumentType]
+    raw = setting_value(STANDIN)
+    options: dict[str, Any] = raw if isinstance(raw, dict) else {}  # pyright: ignore[reportUnknownVariableType]
+    standin: StandIn | EncodeStandIn
+    if getattr(server_args, "disaggregation_mode", None) == "encode":
+        standin = EncodeStandIn(server_args, port_args, options)
+    else:
+        standin = StandIn(server_args, port_args, options)
     pipe_writer.send(standin.ready())
     standin.serve()
