@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -26,6 +27,7 @@ from smg_servicer_core.proto import tokenspeed_encoder_pb2_grpc as encoder_grpc
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing.process import WorkerProcess
+from smg_servicer_core.testing.router import Router
 from smg_servicer_tokenspeed.testing import tiny_multimodal
 
 pytestmark = [pytest.mark.engine, pytest.mark.standin]
@@ -40,10 +42,13 @@ def encode_record(tmp_path_factory: pytest.TempPathFactory) -> Record:
 
 
 @pytest.fixture(scope="module")
-def encode_worker(
-    tiny_model: Path, encode_record: Record, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    model = tiny_multimodal(tiny_model, tmp_path_factory.mktemp("tiny-qwen3_5"))
+def multimodal_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_multimodal(tiny_model, tmp_path_factory.mktemp("tiny-qwen3_5"))
+
+
+@pytest.fixture(scope="module")
+def encode_worker(multimodal_model: Path, encode_record: Record) -> Iterator[WorkerProcess]:
+    model = multimodal_model
     server = start_ts(
         model,
         encode_record.path,
@@ -197,3 +202,49 @@ def test_an_encode_worker_of_a_text_model_is_a_configuration_error(
     assert "Traceback" not in log
     _, alive = stop_tree(server)
     assert not alive
+
+
+def test_the_routers_epd_mode_registers_the_encode_worker_and_serves_text(
+    encode_worker: WorkerProcess,
+    encode_record: Record,
+    multimodal_model: Path,
+    tmp_path: Path,
+) -> None:
+    """``smg launch --epd-disaggregation``: the encode worker registers as one (through the
+    scheduler service's discovery calls, its loads polled), next to a prefill and a decode
+    worker; a text chat goes through prefill and decode; nothing reached the encode loop."""
+    before = encode_record.entries()
+    roles = {
+        role: start_ts(multimodal_model, tmp_path / f"{role}.jsonl", "--disaggregation-mode", role)
+        for role in ("prefill", "decode")
+    }
+    try:
+        for server in roles.values():
+            server.wait_serving()
+        encode_url = f"grpc://{encode_worker.address}"
+        prefill, decode = (f"grpc://{roles[r].address}" for r in ("prefill", "decode"))
+        with Router(
+            encode_url,
+            "--epd-disaggregation",
+            "--encode", encode_url,
+            "--prefill", prefill, str(BOOTSTRAP_PORT + 1),
+            "--decode", decode,
+        ) as router:  # fmt: skip
+            workers = httpx.get(router.base + "/workers", timeout=10).json()["workers"]
+            types = {w["url"]: w["worker_type"] for w in workers}
+            assert types == {encode_url: "encode", prefill: "prefill", decode: "decode"}, types
+            reply = httpx.post(
+                router.base + "/v1/chat/completions",
+                json={
+                    "model": str(multimodal_model),
+                    "messages": [{"role": "user", "content": "hello"}],
+                    "max_tokens": 3,
+                },
+                timeout=120,
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 3
+    finally:
+        for server in roles.values():
+            stop_tree(server)
+    assert encode_record.entries() == before
