@@ -43,6 +43,7 @@ except ImportError as err:  # pragma: no cover - exercised by the facade's test
     ) from err
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
 from sglang.srt.managers import io_struct as _io
 from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
@@ -150,9 +151,46 @@ def build_embed(spec: ReqSpec, tokenizer: Any) -> Any:
     )
 
 
-def build_probe(rid: str, is_generation: bool, tokenizer: Any) -> Any:
+#: SGLang's own warm-up and health requests on a prefill or decode worker name this bootstrap
+#: host (room 0): the request runs on that worker alone, with no KV transfer.
+LOCAL_ONLY = {"bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_room": 0}
+
+
+def disaggregation_mode(config: Any) -> str:
+    """SGLang's ``--disaggregation-mode`` (null, prefill, decode) in the resolved settings."""
+    return str(getattr(config, "disaggregation_mode", None) or "null")
+
+
+def needs_bootstrap(config: Any) -> bool:
+    """A prefill or decode worker whose KV moves between workers (not the ``fake`` backend,
+    whose decode worker serves requests on its own)."""
+    backend = str(getattr(config, "disaggregation_transfer_backend", None) or "")
+    return disaggregation_mode(config) != "null" and backend != "fake"
+
+
+def local_only(config: Any) -> dict[str, Any]:
+    """The bootstrap fields of a request that must run on this worker alone (warm-up, health):
+    SGLang's own, on a prefill or decode worker; none otherwise."""
+    return dict(LOCAL_ONLY) if disaggregation_mode(config) != "null" else {}
+
+
+def start_bootstrap_server(config: Any) -> Any:
+    """A prefill worker's KV bootstrap server (SGLang starts it in the tokenizer manager, which
+    this servicer replaces), on ``--host`` and ``--disaggregation-bootstrap-port``; None on other
+    roles. Keep the reference: the server lives as long as it does."""
+    from sglang.srt.managers.disagg_service import start_disagg_service  # noqa: PLC0415
+
+    if disaggregation_mode(config) != "prefill":
+        return None
+    return start_disagg_service()
+
+
+def build_probe(
+    rid: str, is_generation: bool, tokenizer: Any, local: dict[str, Any] | None = None
+) -> Any:
     """The health probe's request: one greedy token from prompt ``[0]`` (a generative model),
-    or the embedding of ``[0]``."""
+    or the embedding of ``[0]``; ``local``: the bootstrap fields that keep it on this worker
+    (:func:`local_only`)."""
     ids = array("q", [0])
     if is_generation:
         return _struct(
@@ -161,7 +199,7 @@ def build_probe(rid: str, is_generation: bool, tokenizer: Any) -> Any:
             token_type_ids=None,
             sampling_params=internal_params(tokenizer, max_new_tokens=1, temperature=0.0),
             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-            token_ids_logprob=None, stream=False,
+            token_ids_logprob=None, stream=False, **(local or {}),
         )  # fmt: skip
     return _struct(
         TokenizedEmbeddingReqInput,

@@ -41,6 +41,9 @@ class ModelLimits:
     is_generation: bool = True
     #: The engine's data-parallel ranks: a request may name one of 0 .. dp_size - 1.
     dp_size: int = 1
+    #: A prefill or decode worker whose KV moves between workers: a request must name its
+    #: transfer (``disaggregated_params``, from the router's PD mode).
+    needs_bootstrap: bool = False
 
 
 def dp_rank_of(request: pb.GenerateRequest | pb.EmbedRequest, limits: ModelLimits) -> int | None:
@@ -179,6 +182,11 @@ def _check_generate(request: pb.GenerateRequest, limits: ModelLimits) -> None:
         raise InvalidRequest(f"token_ids_logprob id {bad_lp} is outside the vocabulary")
     if not limits.is_generation:
         raise InvalidRequest("this worker serves an embedding model: use Embed")
+    if limits.needs_bootstrap and not request.HasField("disaggregated_params"):
+        raise InvalidRequest(
+            "this worker is a prefill or decode worker: a request needs disaggregated_params "
+            "(the bootstrap host, port and room the router's PD mode assigns)"
+        )
 
 
 def generate_reqs(

@@ -107,6 +107,8 @@ async def warm_up(servicer: SglangServicer) -> None:
         tokenized=tokenized,
         sampling_params=pb.SamplingParams(temperature=0.0, max_new_tokens=8),
     )
+    if local := sg.local_only(servicer.config):  # prefill or decode: this worker alone
+        request.disaggregated_params.CopyFrom(pb.DisaggregatedParams(**local))
     specs, _ = convert.generate_reqs(request, servicer.limits)
     req = sg.build_generate(specs[0], servicer.limits.vocab_size, servicer.tokenizer)
     async for _ in servicer._single(request, req):  # pyright: ignore[reportPrivateUsage]
@@ -128,6 +130,8 @@ class Schedulers:
         self.health = health
         self.warmup = warmup
         self.quit_reason: str | None = None
+        #: A prefill worker's KV bootstrap server (kept alive with the schedulers).
+        self.bootstrap_server: Any = None
         self._stalled = False
         self.watchdog = Watchdog(
             [lambda: self.quit_reason, launched.dead, lambda: manager.failed]
@@ -193,6 +197,14 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
     except (ConfigError, ValueError, TypeError) as exc:
         logger.error("invalid configuration: %s", exc)
         return ExitCode.CONFIG
+    try:  # before the prefill ranks start: they register with it
+        bootstrap = sg.start_bootstrap_server(config)
+    except OSError as exc:
+        logger.error(
+            "invalid configuration: the KV bootstrap server cannot listen on port %s (%s)",
+            config.disaggregation_bootstrap_port, exc.strerror or type(exc).__name__,
+        )  # fmt: skip
+        return ExitCode.CONFIG
     # After prepare(): SGLang's launch-time SIGQUIT handler kills the whole process tree; ours
     # turns a scheduler's failure into a clean stop with exit 1.
     asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_signal)
@@ -224,6 +236,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
         load_reader=launched.load_reader,
     )
     schedulers = Schedulers(launched, manager, servicer, health, warmup_wanted(config))
+    schedulers.bootstrap_server = bootstrap
     quit_signal.target = schedulers
     if quit_signal.seen:
         schedulers.on_sigquit()

@@ -101,6 +101,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             context_length=int(facts["context_length"]),
             is_generation=bool(facts["is_generation"]),
             dp_size=max(int(getattr(manager, "dp_size", 1)), 1),
+            needs_bootstrap=sg.needs_bootstrap(config),
         )
         #: The process watchdog's verdict (set by the launcher): a reason once a scheduler died.
         self.dead_reason: Callable[[], str | None] = lambda: None
@@ -286,7 +287,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
     async def _deep_probe(self) -> tuple[bool, str]:
         rid = f"{HEALTH_PROBE_PREFIX}{uuid.uuid4().hex}"
         started = time.time()
-        req = sg.build_probe(rid, self.limits.is_generation, self.tokenizer)
+        local = sg.local_only(self.config)
+        req = sg.build_probe(rid, self.limits.is_generation, self.tokenizer, local)
         wake = self.manager.open([rid])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.health_timeout_s

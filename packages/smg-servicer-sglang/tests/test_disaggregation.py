@@ -1,0 +1,103 @@
+"""Prefill and decode workers (``--disaggregation-mode prefill|decode``) on SGLang CPU, with
+Mooncake as the KV transfer backend (its non-CUDA build over TCP; SGLang refuses a prefill
+worker on the ``fake`` backend: "Prefill server does not support 'fake' as the transfer
+backend").
+
+What SGLang does in the part this servicer replaces, done here: the prefill worker runs
+SGLang's KV bootstrap server (its prefill rank registers with it), and the warm-up request and
+the deep health probe carry SGLang's local-only bootstrap host, so they run on the worker alone
+instead of waiting for a peer (or, with no bootstrap room, killing the scheduler). A request
+without its transfer fields is refused before it reaches the scheduler, which died on one.
+
+What SGLang's CPU build cannot do is the transfer itself: the prefill scheduler dies sending
+the first KV chunk (``RuntimeError: pin_memory=True requires a CUDA or other accelerator
+backend``); tests-integration/test_disaggregation.py shows it through the router."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc.aio
+import httpx
+import pytest
+
+from smg_it.harness import free_port
+from smg_it.sglang_suite import Server, start_server
+from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
+from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.engine
+
+#: The KV transfer backend that runs on this CPU, and what a decode worker on a CPU needs:
+#: SGLang's default retraction backup for it registers host memory with CUDA.
+PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake")
+DECODE_FLAGS = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
+
+
+@pytest.fixture(scope="module")
+def bootstrap_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def pd_servers(tiny_model: Path, bootstrap_port: int) -> Iterator[dict[str, Server]]:
+    servers = {
+        "prefill": start_server(
+            tiny_model, "--disaggregation-mode", "prefill", *PD_FLAGS,
+            "--disaggregation-bootstrap-port", str(bootstrap_port),
+        ),
+        "decode": start_server(
+            tiny_model, "--disaggregation-mode", "decode", *PD_FLAGS, *DECODE_FLAGS
+        ),
+    }  # fmt: skip
+    try:
+        for server in servers.values():
+            server.wait_serving()  # warm-up on: it went through each worker alone
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def test_the_prefill_worker_runs_sglangs_bootstrap_server(
+    pd_servers: dict[str, Server], bootstrap_port: int
+) -> None:
+    """SGLang's bootstrap server answers on ``--disaggregation-bootstrap-port`` with the prefill
+    rank that registered with it (it answers 503 until every rank has)."""
+    base = f"http://127.0.0.1:{bootstrap_port}"
+    assert httpx.get(base + "/health", timeout=5).text == "OK"
+    ranks = {"prefill_dp_rank": -1, "prefill_cp_rank": -1, "target_tp_rank": -1}
+    info = httpx.get(base + "/route", params={**ranks, "target_pp_rank": -1}, timeout=5)
+    assert info.status_code == 200, info.text
+    assert json.loads(info.text)["dp_size"] == 1
+
+
+async def _refused_then_healthy(address: str) -> tuple[grpc.StatusCode, str, bool]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.SglangSchedulerStub(channel)
+        request = pb.GenerateRequest(
+            request_id="no-transfer",
+            tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+            sampling_params=pb.SamplingParams(max_new_tokens=2),
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in stub.Generate(request):
+                pass
+        health = await stub.HealthCheck(pb.HealthCheckRequest(), timeout=20)
+        return refused.value.code(), refused.value.details() or "", health.healthy
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_request_without_its_transfer_is_refused_and_the_worker_stays_healthy(
+    pd_servers: dict[str, Server], role: str
+) -> None:
+    """No ``disaggregated_params``: INVALID_ARGUMENT before the scheduler (SGLang's scheduler
+    raised on it and died); the deep health probe, local to the worker, still passes."""
+    code, details, healthy = asyncio.run(_refused_then_healthy(pd_servers[role].address))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "disaggregated_params" in details
+    assert healthy
+    assert pd_servers[role].proc.poll() is None
