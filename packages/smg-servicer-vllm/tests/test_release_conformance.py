@@ -478,6 +478,14 @@ def _uses() -> list[Use]:
             without="MultiModalRegistry.supports_multimodal_inputs(model_config)",
         ),
         Use(
+            f"{llm}.notify_kv_transfer_request_rejected",
+            "releases.py: rejection_notice() (servicer.py: Generate's KV-transfer notice)",
+            2,
+            frozenset({"data_parallel_rank"}),
+            since="0.21.0",
+            without="no notice: the release has no way to take one (kv_transfer.py)",
+        ),
+        Use(
             f"{llm}.get_kv_event_sources",
             "releases.py: kv_event_sources()",
             since="0.31.0",

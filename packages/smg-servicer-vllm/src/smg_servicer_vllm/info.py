@@ -19,7 +19,7 @@ from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.loads import LoadSnapshot
 from smg_servicer_core.metrics import EngineLoad
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
-from smg_servicer_vllm import releases
+from smg_servicer_vllm import kv_transfer, releases
 
 SERVER_TYPE = "vllm-grpc"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -89,7 +89,7 @@ def _kv_transfer(vc: Any) -> tuple[str, str, str]:
     if kv is None:
         return "", "", ""
     return (
-        str(getattr(kv, "kv_connector", "") or ""),
+        kv_transfer.reported_connector(kv),  # a MultiConnector: the child that moves the KV
         str(getattr(kv, "kv_role", "") or ""),
         str(getattr(kv, "engine_id", "") or ""),
     )

@@ -42,13 +42,14 @@ Each entry: the difference (where it appears) -> the capability read -> what hap
   (:func:`waiting_fields`) -> ``num_waiting_reqs`` alone, what vLLM reports as waiting there;
 - ``AsyncLLM.get_num_unfinished_requests()`` (0.29+) -> not needed: we read
   ``output_processor.get_num_unfinished_requests()``, there in every release;
+- ``AsyncLLM.notify_kv_transfer_request_rejected`` (0.21+) -> :func:`rejection_notice` -> none: a
+  release before it has no way to take the notice (:mod:`.kv_transfer`);
 - ``grpc.health.v1`` registered by the launcher (0.20+) -> nothing to detect: on 0.18-0.19 our
   servicer's own ``HealthCheck`` RPC still answers.
 
-Not used by this package, so no release lacks them for us: ``notify_kv_transfer_request_rejected``
-(0.21+), per-request ``SamplingParams.stream_interval`` (0.27+),
-``process_for_engine_async(tok_params=)`` (0.31+), ``CompletionOutput.spec_decode_metrics``
-(0.29+).
+Not used by this package, so no release lacks them for us: per-request
+``SamplingParams.stream_interval`` (0.27+), ``process_for_engine_async(tok_params=)`` (0.31+),
+``CompletionOutput.spec_decode_metrics`` (0.29+).
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ def dummy_inputs(processor: Any) -> Any:
     if callable(method):
         return method
     return processor.dummy_inputs.get_dummy_processor_inputs
+
+
+def rejection_notice(engine: Any) -> Callable[..., Any] | None:
+    """``AsyncLLM.notify_kv_transfer_request_rejected`` (0.21+), or None before it."""
+    notify: Any = getattr(engine, "notify_kv_transfer_request_rejected", None)
+    return notify if callable(notify) else None
 
 
 def kv_event_sources(engine: Any) -> dict[int, Any]:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import math
 import signal
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,8 +53,8 @@ from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.registry import RequestHandle
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing
-from smg_servicer_kv_bridge import subscribe
-from smg_servicer_vllm import _engine, convert, info, kv_events, logs
+from smg_servicer_kv_bridge import subscription
+from smg_servicer_vllm import _engine, convert, info, kv_events, kv_transfer, logs, releases
 from smg_servicer_vllm.errors import translated
 from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
@@ -72,6 +72,8 @@ _KV_OFF = (
     "the router falls back to GetLoads"
 )
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+#: How long a KV-transfer rejection notice may take to reach the engine.
+NOTICE_TIMEOUT_S = 10.0
 FLUSH_ATTEMPT_S = 30.0
 #: How often the launcher's death watch reads ``AsyncLLM.errored`` (a bool: nothing to pay).
 DEATH_POLL_S = 0.1
@@ -120,6 +122,15 @@ def _chunk(delta: list[int], common: dict[str, Any]) -> pb.GenerateResponse:
 
 
 @dataclass
+@dataclass(slots=True)
+class _Progress:
+    """How far a Generate call got: ``entered``: vLLM was handed the request (its generate()
+    started); ``reached``: vLLM accepted it (its first output came)."""
+
+    entered: bool = False
+    reached: bool = False
+
+
 class _Choice:
     count: int = 0
     sent_input_logprobs: bool = False
@@ -155,6 +166,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             raise SystemExit(2) from None
         self.mm_settings = mm_settings
         self.loads = LoadTracker()
+        #: Rejection notices on their way to the engine (kept until sent: see Generate).
+        self._notices: set[asyncio.Task[None]] = set()
         self.metrics_server: MetricsServer | None = None
         if metrics is None and (started := start_metrics(metrics_config)) is not None:
             metrics, self.metrics_server = started
@@ -234,42 +247,79 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        # Media are fetched and tensors built while the request is tracked, so that an Abort or a
-        # cancel during that work stops it; every check comes before anything else.
-        prompt = self._prompt(request)
+        """A request that asks for a remote prefill and fails before the engine took it (refused
+        here or by vLLM on arrival, aborted or cancelled while its media are fetched) is reported
+        to the KV connector, which would otherwise keep the prefill worker's blocks pinned
+        (:mod:`.kv_transfer`)."""
+        kv = kv_transfer_params(request)  # an invalid one is refused with nothing to report
+        config = getattr(self.engine.vllm_config, "kv_transfer_config", None)
+        owed = kv is not None and kv_transfer.owes_rejection_notice(config, kv)
+        rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+        progress = _Progress()
         try:
-            spec = to_sampling_spec(request.sampling_params)
-            with translated(building_request=True):
-                params = _engine.sampling_params(
-                    spec, stream=request.stream, kv_transfer=kv_transfer_params(request)
+            # Media are fetched and tensors built while the request is tracked, so that an Abort
+            # or a cancel during that work stops it; every check comes before anything else.
+            prompt = self._prompt(request)
+            try:
+                spec = to_sampling_spec(request.sampling_params)
+                with translated(building_request=True):
+                    params = _engine.sampling_params(spec, stream=request.stream, kv_transfer=kv)
+            except InvalidRequest:
+                self.multimodal.release(request)  # refused: nobody reads its tensors now
+                raise
+            choices: dict[int, _Choice] = {}
+            async with self.registry.track(request.request_id) as handle:
+                if isinstance(prompt, MediaPlan):
+                    prompt = await _unless_stopped(self.multimodal.engine_input(prompt), handle)
+                stream = self.engine.generate(
+                    prompt,
+                    params,
+                    request.request_id,
+                    tokenization_kwargs=spec.tokenization,
+                    trace_headers=trace_headers(context),
+                    data_parallel_rank=rank,
                 )
-        except InvalidRequest:
-            self.multimodal.release(request)  # refused: nobody reads its tensors now
+                # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended,
+                # so vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
+                with translated() as stage:
+                    async with contextlib.aclosing(stream):
+                        progress.entered = True
+                        async for output in stream:
+                            progress.reached = True
+                            stage.building_request = False  # vLLM accepted the request
+                            for response in self._responses(output, request.stream, spec, choices):
+                                yield response
+                if handle.aborted and not all(c.done for c in choices.values()):
+                    raise Aborted(f"request {request.request_id} was aborted")
+        except BaseException as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+            # A cancel while vLLM holds the request aborts it there, which the connector hears.
+            taken = progress.entered if cancelled else progress.reached
+            if owed and kv is not None and not taken:
+                self._notify_rejected(request.request_id, kv, rank)
             raise
-        choices: dict[int, _Choice] = {}
-        async with self.registry.track(request.request_id) as handle:
-            if isinstance(prompt, MediaPlan):
-                prompt = await _unless_stopped(self.multimodal.engine_input(prompt), handle)
-            stream = self.engine.generate(
-                prompt,
-                params,
-                request.request_id,
-                tokenization_kwargs=spec.tokenization,
-                trace_headers=trace_headers(context),
-                data_parallel_rank=(
-                    request.data_parallel_rank if request.HasField("data_parallel_rank") else None
-                ),
-            )
-            # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended, so
-            # vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
-            with translated() as stage:
-                async with contextlib.aclosing(stream):
-                    async for output in stream:
-                        stage.building_request = False  # vLLM accepted the request
-                        for response in self._responses(output, request.stream, spec, choices):
-                            yield response
-            if handle.aborted and not all(c.done for c in choices.values()):
-                raise Aborted(f"request {request.request_id} was aborted")
+
+    def _notify_rejected(self, rid: str, kv: dict[str, Any], rank: int | None) -> None:
+        notify = releases.rejection_notice(self.engine)
+        if notify is None:  # vLLM before 0.21 takes no notice
+            return
+        task = asyncio.ensure_future(self._send_notice(notify, rid, kv, rank))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    @staticmethod
+    async def _send_notice(
+        notify: Callable[..., Any], rid: str, kv: dict[str, Any], rank: int | None
+    ) -> None:
+        try:
+            call = notify(rid, dict(kv), **releases.keywords(notify, data_parallel_rank=rank))
+            await asyncio.wait_for(call, NOTICE_TIMEOUT_S)
+            logger.info("request %s was refused before the engine: the KV connector is told", rid)
+        except Exception as exc:  # the engine is gone or busy: nothing else to do for it
+            logger.warning(
+                "request %s: the KV connector could not be told it was refused (%s)",
+                rid, type(exc).__name__,
+            )  # fmt: skip
 
     def _responses(
         self, output: Any, stream: bool, spec: SamplingSpec, choices: dict[int, _Choice]
@@ -427,15 +477,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.engine)
-        start = request.start_sequence_number
-        async for batch in subscribe(
-            sources,
-            start,
-            _KV_OFF,
-            self._load_record,
-            self.metrics,
-            loads_before_first=request.load_records_before_first_batch,
-            ready=lambda: context.send_initial_metadata(()),
+        async for batch in subscription(
+            request, context, sources, _KV_OFF, load_source=self._load_record, metrics=self.metrics
         ):
             yield batch
 

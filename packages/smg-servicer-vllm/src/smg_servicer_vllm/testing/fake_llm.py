@@ -289,6 +289,8 @@ class FakeAsyncLLM:
         self.flush_succeeds = True
         self.output_processor = _Processor()
         self.aborted: list[str] = []
+        #: ``(request_id, kv_transfer_params, data_parallel_rank)`` of each rejection notice.
+        self.rejected: list[tuple[str, dict[str, Any], int | None]] = []
         self._stops: dict[str, asyncio.Event] = {}
         self._runs: dict[str, _Run] = {}
         self._stepper: asyncio.Task[None] | None = None
@@ -345,6 +347,15 @@ class FakeAsyncLLM:
     async def check_health(self) -> None:
         if self.errored:
             raise RuntimeError("fake engine errored")
+
+    async def notify_kv_transfer_request_rejected(
+        self,
+        request_id: str,
+        kv_transfer_params: dict[str, Any],
+        *,
+        data_parallel_rank: int | None = None,
+    ) -> None:
+        self.rejected.append((request_id, dict(kv_transfer_params), data_parallel_rank))
 
     async def abort(self, request_id: str | list[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
