@@ -15,7 +15,6 @@ so a servicer that dropped ``data_parallel_rank`` would spread these requests an
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ import httpx
 import pytest
 
 from smg_it.harness import Worker, sglang_worker
+from smg_it.kv import kv_events_config
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.proto import vllm_engine_pb2_grpc as pb_grpc
@@ -49,25 +49,13 @@ PROMPTS = {
 }
 
 
-def _kv_events_config(engine: str) -> str:
-    """ZMQ KV events (each rank binds the port plus its rank)."""
-    config: dict[str, object] = {
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{free_port()}",
-        "replay_endpoint": f"tcp://*:{free_port()}",
-    }
-    if engine == "vllm":
-        config["enable_kv_cache_events"] = True
-    return json.dumps(config)
-
-
 @pytest.fixture(scope="module")
 def dp_worker(tiny_model: Path) -> Iterator[Worker]:
     """vLLM's own gRPC launcher with two DP ranks and stats logging (``GetLoads`` per rank)."""
     from smg_servicer_vllm.testing import launcher_command
 
     port = free_port()
-    kv = ("--kv-events-config", _kv_events_config("vllm"))
+    kv = ("--kv-events-config", kv_events_config("vllm"))
     cmd = launcher_command(tiny_model, port, "--data-parallel-size", "2", *kv, log_stats=True)
     with Worker(cmd, port, service=SERVICES["vllm"], start_timeout_s=240) as worker:
         yield worker
@@ -79,7 +67,7 @@ def sglang_dp_worker(tiny_model: Path) -> Iterator[Worker]:
     asks for an explicit binding beyond one NUMA node)."""
     env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
     flags = ("--dp-size", "2", "--max-total-tokens", "8192")
-    flags += ("--kv-events-config", _kv_events_config("sglang"))
+    flags += ("--kv-events-config", kv_events_config("sglang"))
     with sglang_worker(tiny_model, free_port(), *flags, env=env) as worker:
         yield worker
 

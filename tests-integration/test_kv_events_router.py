@@ -4,7 +4,6 @@ keeps the stream while it routes requests."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,26 +11,17 @@ import httpx
 import pytest
 
 from smg_it.harness import Router, Worker, free_port, sglang_worker, vllm_worker
+from smg_it.kv import kv_events_config
 
 pytestmark = pytest.mark.integration
 
 
 def _worker(engine: str, model: Path) -> Worker:
-    config: dict[str, object] = {
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{free_port()}",
-        "replay_endpoint": f"tcp://*:{free_port()}",
-    }
+    config = kv_events_config(engine)
     if engine == "vllm":
-        config["enable_kv_cache_events"] = True
-        return vllm_worker(model, free_port(), "--kv-events-config", json.dumps(config))
+        return vllm_worker(model, free_port(), "--kv-events-config", config)
     # SGLang's launcher logs at warning in the test flags; the subscription lines are info.
-    return sglang_worker(
-        model,
-        free_port(),
-        "--kv-events-config", json.dumps(config),
-        "--log-level", "info",
-    )  # fmt: skip
+    return sglang_worker(model, free_port(), "--kv-events-config", config, "--log-level", "info")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

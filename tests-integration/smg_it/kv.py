@@ -8,12 +8,27 @@ seqs = events.sequence_numbers()
 from __future__ import annotations
 
 import asyncio
+import json
 from types import TracebackType
 from typing import Any
 
 import grpc.aio
 
 from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.testing.process import free_port
+
+
+def kv_events_config(engine: str) -> str:
+    """``--kv-events-config`` for a worker: ZMQ on free loopback ports (a DP rank binds the port
+    plus its rank); vLLM also needs ``enable_kv_cache_events``."""
+    config: dict[str, object] = {
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{free_port()}",
+        "replay_endpoint": f"tcp://*:{free_port()}",
+    }
+    if engine == "vllm":
+        config["enable_kv_cache_events"] = True
+    return json.dumps(config)
 
 
 def kv_prompt(seed: int, length: int) -> list[int]:

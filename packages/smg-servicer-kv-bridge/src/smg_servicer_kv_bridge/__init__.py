@@ -7,6 +7,6 @@
 - :mod:`.testing` — a scriptable publisher.
 """
 
-from smg_servicer_kv_bridge.relay import KvRelay, KvSource, subscribe
+from smg_servicer_kv_bridge.relay import KvRelay, KvSource, subscribe, subscription
 
-__all__ = ["KvRelay", "KvSource", "subscribe"]
+__all__ = ["KvRelay", "KvSource", "subscribe", "subscription"]

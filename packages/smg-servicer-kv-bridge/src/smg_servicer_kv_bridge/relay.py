@@ -43,6 +43,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -387,3 +388,25 @@ async def subscribe(
         await ready()
     async for batch in relay.stream(start_seq):
         yield batch
+
+
+def subscription(
+    request: pb.SubscribeKvEventsRequest,
+    context: Any,
+    sources: Sequence[KvSource] | None,
+    off_hint: str,
+    *,
+    load_source: LoadSource | None = None,
+    metrics: ServicerMetrics | None = None,
+) -> AsyncIterator[pb.KvEventBatch]:
+    """:func:`subscribe` for one ``SubscribeKvEvents`` call: the request's cursor and
+    ``load_records_before_first_batch``; the call (``context``) answered once accepted."""
+    return subscribe(
+        sources,
+        request.start_sequence_number,
+        off_hint,
+        load_source,
+        metrics,
+        loads_before_first=request.load_records_before_first_batch,
+        ready=lambda: context.send_initial_metadata(()),
+    )

@@ -38,7 +38,7 @@ from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
 from smg_servicer_core.proto import common_pb2, sglang_scheduler_pb2_grpc
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
-from smg_servicer_kv_bridge import subscribe
+from smg_servicer_kv_bridge import subscription
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, grammar, kv_events, loads
 from smg_servicer_sglang.convert import ModelLimits, Output
@@ -450,15 +450,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.config, self.manager.dp_size)
-        start = request.start_sequence_number
-        async for batch in subscribe(
-            sources,
-            start,
-            _KV_OFF,
-            self._load_record,
-            self.metrics,
-            loads_before_first=request.load_records_before_first_batch,
-            ready=lambda: context.send_initial_metadata(()),
+        async for batch in subscription(
+            request, context, sources, _KV_OFF, load_source=self._load_record, metrics=self.metrics
         ):
             yield batch
 

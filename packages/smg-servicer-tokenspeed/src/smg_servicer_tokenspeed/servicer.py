@@ -63,7 +63,7 @@ from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as pb
 from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing, take_waiting
-from smg_servicer_kv_bridge import subscribe
+from smg_servicer_kv_bridge import subscription
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, info, kv_events, loads, mm
 from smg_servicer_tokenspeed.convert import ChildSpec, Choice, Limits
@@ -536,15 +536,9 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
         sources = kv_events.kv_sources(self.server_args.kv_events_config, self.dp_size)
-        start = request.start_sequence_number
-        async for batch in subscribe(
-            sources,
-            start,
-            kv_events.OFF,
-            self._load_record,
-            self.metrics,
-            loads_before_first=request.load_records_before_first_batch,
-            ready=lambda: context.send_initial_metadata(()),
+        load = self._load_record
+        async for batch in subscription(
+            request, context, sources, kv_events.OFF, load_source=load, metrics=self.metrics
         ):
             yield batch
 
