@@ -55,7 +55,7 @@ from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing
 from smg_servicer_kv_bridge import subscription
 from smg_servicer_vllm import _engine, convert, info, kv_events, kv_transfer, logs, releases
-from smg_servicer_vllm.errors import translated
+from smg_servicer_vllm.errors import Translated, translated
 from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
 from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
@@ -122,15 +122,6 @@ def _chunk(delta: list[int], common: dict[str, Any]) -> pb.GenerateResponse:
 
 
 @dataclass
-@dataclass(slots=True)
-class _Progress:
-    """How far a Generate call got: ``entered``: vLLM was handed the request (its generate()
-    started); ``reached``: vLLM accepted it (its first output came)."""
-
-    entered: bool = False
-    reached: bool = False
-
-
 class _Choice:
     count: int = 0
     sent_input_logprobs: bool = False
@@ -255,7 +246,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         config = getattr(self.engine.vllm_config, "kv_transfer_config", None)
         owed = kv is not None and kv_transfer.owes_rejection_notice(config, kv)
         rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
-        progress = _Progress()
+        entered = False  # vLLM was handed the request (its generate() started)
+        stage: Translated | None = None  # building_request until vLLM accepts the request
         try:
             # Media are fetched and tensors built while the request is tracked, so that an Abort
             # or a cancel during that work stops it; every check comes before anything else.
@@ -283,9 +275,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 # so vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
                 with translated() as stage:
                     async with contextlib.aclosing(stream):
-                        progress.entered = True
+                        entered = True
                         async for output in stream:
-                            progress.reached = True
                             stage.building_request = False  # vLLM accepted the request
                             for response in self._responses(output, request.stream, spec, choices):
                                 yield response
@@ -294,7 +285,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         except BaseException as exc:
             cancelled = isinstance(exc, asyncio.CancelledError | GeneratorExit)
             # A cancel while vLLM holds the request aborts it there, which the connector hears.
-            taken = progress.entered if cancelled else progress.reached
+            accepted = stage is not None and not stage.building_request
+            taken = entered if cancelled else accepted
             if owed and kv is not None and not taken:
                 self._notify_rejected(request.request_id, kv, rank)
             raise
