@@ -17,12 +17,10 @@ import pytest
 
 from smg_it.harness import Worker, free_port, sglang_worker
 from smg_servicer_core.testing.router import Router
+from smg_servicer_sglang.testing import PD_CPU_FLAGS
 
 pytestmark = pytest.mark.integration
 
-PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake")
-#: SGLang's default retraction backup on a decode worker registers host memory with CUDA.
-DECODE_FLAGS = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
 #: SGLang's own error when its CPU build sends KV (``disaggregation/prefill.py``).
 CPU_TRANSFER_ERROR = "pin_memory=True requires a CUDA or other accelerator backend"
 
@@ -36,12 +34,10 @@ def bootstrap_port() -> int:
 def pd_workers(tiny_model: Path, bootstrap_port: int) -> Iterator[dict[str, Worker]]:
     workers = {
         "prefill": sglang_worker(
-            tiny_model, free_port(), "--disaggregation-mode", "prefill", *PD_FLAGS,
+            tiny_model, free_port(), *PD_CPU_FLAGS["prefill"],
             "--disaggregation-bootstrap-port", str(bootstrap_port),
         ),
-        "decode": sglang_worker(
-            tiny_model, free_port(), "--disaggregation-mode", "decode", *PD_FLAGS, *DECODE_FLAGS
-        ),
+        "decode": sglang_worker(tiny_model, free_port(), *PD_CPU_FLAGS["decode"]),
     }  # fmt: skip
     try:
         for worker in workers.values():

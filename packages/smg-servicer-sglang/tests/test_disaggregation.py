@@ -28,13 +28,9 @@ from smg_it.harness import free_port
 from smg_it.sglang_suite import Server, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_servicer_sglang.testing import PD_CPU_FLAGS
 
 pytestmark = pytest.mark.engine
-
-#: The KV transfer backend that runs on this CPU, and what a decode worker on a CPU needs:
-#: SGLang's default retraction backup for it registers host memory with CUDA.
-PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake")
-DECODE_FLAGS = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +42,10 @@ def bootstrap_port() -> int:
 def pd_servers(tiny_model: Path, bootstrap_port: int) -> Iterator[dict[str, Server]]:
     servers = {
         "prefill": start_server(
-            tiny_model, "--disaggregation-mode", "prefill", *PD_FLAGS,
+            tiny_model, *PD_CPU_FLAGS["prefill"],
             "--disaggregation-bootstrap-port", str(bootstrap_port),
         ),
-        "decode": start_server(
-            tiny_model, "--disaggregation-mode", "decode", *PD_FLAGS, *DECODE_FLAGS
-        ),
+        "decode": start_server(tiny_model, *PD_CPU_FLAGS["decode"]),
     }  # fmt: skip
     try:
         for server in servers.values():

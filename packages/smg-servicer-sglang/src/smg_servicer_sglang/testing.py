@@ -24,6 +24,19 @@ CPU_FLAGS = (
     "--log-level", "warning",
 )  # fmt: skip
 
+#: A prefill or decode worker's flags on a CPU (by role): Mooncake moves the KV (its
+#: non-CUDA build, over TCP; SGLang refuses ``fake`` on a prefill worker), and a decode worker
+#: keeps retracted requests in CPU tensors (SGLang's default registers host memory with CUDA).
+PD_CPU_FLAGS: dict[str, tuple[str, ...]] = {
+    "prefill": (
+        "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+    ),
+    "decode": (
+        "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake",
+        "--disaggregation-decode-retraction-backup", "cpu_tensor",
+    ),
+}  # fmt: skip
+
 #: The same settings as keyword arguments of ``sglang.Engine`` (in-process references, benches).
 ENGINE_KWARGS: dict[str, object] = {
     "device": "cpu",
