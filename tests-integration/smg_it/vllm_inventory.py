@@ -1,0 +1,467 @@
+"""What our vLLM servicer and plugin use of vLLM, for ``test_release_conformance`` (the vLLM
+package's tests) to check in every declared release's wheel: :data:`USES` (each module, symbol,
+member, keyword and call shape, with our file that relies on it) and :data:`EXCEPTIONS` (the
+classes :mod:`smg_servicer_vllm.errors` maps). Data only: the reading and checking stay in the
+test module. Imports vLLM-free parts of our package only."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import smg_servicer_vllm
+from smg_servicer_core.proto import vllm_engine_pb2 as pb
+
+SRC = Path(smg_servicer_vllm.__file__).parent
+
+
+# What we use -----------------------------------------------------------------------------------
+
+
+def _sampling_keywords() -> frozenset[str]:
+    """The ``SamplingParams`` keywords :func:`smg_servicer_vllm.sampling.to_sampling_spec` builds
+    (its ``kwargs`` dict, read from the source so the list cannot go stale)."""
+    tree = ast.parse((SRC / "sampling.py").read_text())
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "kwargs"
+            and isinstance(node.value, ast.Dict)
+        ):
+            return frozenset(str(k.value) for k in node.value.keys if isinstance(k, ast.Constant))
+    raise AssertionError("sampling.py: to_sampling_spec's kwargs dict was not found")
+
+
+#: ``StructuredOutputsParams`` keywords: one per proto constraint (``json_schema`` is ``json``).
+STRUCTURED_KEYWORDS = frozenset(
+    "json" if f.name == "json_schema" else f.name
+    for f in pb.SamplingParams.DESCRIPTOR.oneofs_by_name["constraint"].fields
+)
+SAMPLING_KEYWORDS = _sampling_keywords() | {"output_kind", "structured_outputs", "extra_args"}
+
+
+@dataclass(frozen=True)
+class Use:
+    """One thing our code uses of vLLM: ``path`` is ``module`` or ``module:Name.member...``.
+
+    ``args``/``keywords``: it is called with that many positional arguments and those keywords
+    (None: not called). ``read``: read as an attribute (a value or a property, not a method).
+    ``since``: a capability our code detects, first in that release; before it our code does
+    ``without``."""
+
+    path: str
+    ours: str
+    args: int | None = None
+    keywords: frozenset[str] = frozenset()
+    read: bool = False
+    since: str = ""
+    without: str = ""
+
+
+def _uses() -> list[Use]:
+    def u(path: str, ours: str, args: int | None = None, *keywords: str, **more: Any) -> Use:
+        return Use(path, ours, args, frozenset(keywords), **more)
+
+    def read(owner: str, ours: str, *names: str) -> list[Use]:
+        joint = "" if owner.endswith(":") else "."
+        return [Use(f"{owner}{joint}{name}", ours, read=True) for name in names]
+
+    llm = "vllm.v1.engine.async_llm:AsyncLLM"
+    model = "vllm.config:ModelConfig"
+    mm_config = "vllm.config.multimodal:MultiModalConfig"
+    inputs = "vllm.multimodal.inputs"
+    field = f"{inputs}:MultiModalFieldConfig"
+    connection = "vllm.connections:HTTPConnection"
+    connector = "vllm.multimodal.media.connector"
+    processor = "vllm.multimodal.processing:BaseMultiModalProcessor"
+    stats = "vllm.v1.metrics"
+    return [
+        # _engine.py: the request objects and the parser class
+        u("vllm.version", "_engine.py: VLLM_VERSION"),
+        Use("vllm.version:__version__", "_engine.py: VLLM_VERSION", read=True),
+        u("vllm:SamplingParams", "_engine.py: sampling_params()", 0, *SAMPLING_KEYWORDS),
+        u("vllm:SamplingParams", "_engine.py: greedy_params()", 0, *_GREEDY),
+        u("vllm:TokensPrompt", "_engine.py: tokens_prompt()", 0, "prompt_token_ids"),
+        Use("vllm:TokensPrompt.prompt", "_engine.py: tokens_prompt() sets the key", read=True),
+        u("vllm:PoolingParams", "_engine.py: embed_params()", 0, "task"),
+        *read("vllm.sampling_params:RequestOutputKind", "_engine.py", "DELTA", "FINAL_ONLY"),
+        u(
+            "vllm.sampling_params:StructuredOutputsParams",
+            "_engine.py: sampling_params() (sampling.py's constraints)",
+            0,
+            *STRUCTURED_KEYWORDS,
+        ),
+        u(
+            "vllm.utils.argparse_utils:FlexibleArgumentParser",
+            "_mm_engine.py: sidecar_parser()",
+            0,
+            "prog",
+            "description",
+        ),
+        u(
+            "vllm.utils.argparse_utils:FlexibleArgumentParser.parse_known_args",
+            "plugin.py: _wrap() calls the original as (self, args, namespace)",
+            2,
+        ),
+        # _mm_engine.py: the multimodal engine side
+        u("vllm", "_mm_engine.py: vllm.__version__"),
+        Use("vllm:__version__", "_mm_engine.py: fingerprint_of()", read=True),
+        u("vllm.envs", "_mm_engine.py"),
+        *read("vllm.envs:", "_mm_engine.py", "VLLM_MEDIA_CONNECTOR", "VLLM_VIDEO_LOADER_BACKEND"),
+        u(connection, "_mm_engine.py: GuardedConnection.__init__ (super)", 0, "reuse_client"),
+        u(f"{connection}._validate_http_url", "_mm_engine.py: GuardedConnection", 1),
+        u(f"{connection}._headers", "_mm_engine.py: GuardedConnection (**extra_headers)", 0),
+        u(f"{connection}.get_sync_client", "_mm_engine.py: GuardedConnection overrides it", 0),
+        u(f"{connection}.get_async_client", "_mm_engine.py: GuardedConnection overrides it", 0),
+        u(f"{connection}.get_async_response", "_mm_engine.py: GuardedConnection overrides", 1),
+        u(
+            "vllm.inputs.engine:mm_input",
+            "_mm_engine.py: tensor_input(), sidecar_input()",
+            4,
+            "prompt",
+        ),
+        *read(
+            "vllm.inputs.engine:MultiModalInput",
+            "_mm_engine.py, mm_sidecar/process.py: the engine input's keys",
+            "prompt_token_ids",
+            "mm_kwargs",
+            "mm_hashes",
+            "mm_placeholders",
+            "arrival_time",
+        ),
+        u("vllm.multimodal:MULTIMODAL_REGISTRY.create_processor", "_mm_engine.py, _mm_layouts", 1),
+        u(f"{field}.flat_from_sizes", "_mm_engine.py: _field_config()", 2, "keep_on_cpu"),
+        u(f"{field}.batched", "_mm_engine.py: _field_config()", 1, "keep_on_cpu"),
+        u(f"{field}.shared", "_mm_engine.py: _field_config()", 2, "keep_on_cpu"),
+        u(f"{inputs}:MultiModalKwargsItems", "_mm_engine.py: tensor_input()", 1),
+        u(f"{inputs}:MultiModalKwargsItems.from_hf_inputs", "_mm_engine.py: _batch()", 2),
+        u(f"{inputs}:MultiModalKwargsItem", "_mm_engine.py: decode_item() (isinstance)"),
+        u(
+            f"{inputs}:PlaceholderRange",
+            "_mm_engine.py: _placeholders(), sidecar_input()",
+            0,
+            "offset",
+            "length",
+            "is_embed",
+        ),
+        u(f"{inputs}:PlaceholderRange.get_num_embeds", "_mm_layouts.py: _samples()", 0),
+        u(f"{connector}:MEDIA_CONNECTOR_REGISTRY.load", "_mm_engine.py: InprocessProcessor", 1),
+        u(
+            f"{connector}:MediaConnector",
+            "_mm_engine.py: InprocessProcessor (MEDIA_CONNECTOR_REGISTRY.load's keywords)",
+            0,
+            "media_io_kwargs",
+            "connection",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+        ),
+        *(
+            u(f"{connector}:MediaConnector.fetch_{m}_async", "_mm_engine.py: _fetch_one()", 1)
+            for m in ("image", "video", "audio")
+        ),
+        u(
+            "vllm.v1.serial_utils:MsgpackEncoder",
+            "_mm_engine.py: encode_item()",
+            0,
+            "size_threshold",
+        ),
+        u("vllm.v1.serial_utils:MsgpackEncoder.encode", "_mm_engine.py: encode_item()", 1),
+        u("vllm.v1.serial_utils:MsgpackDecoder", "_mm_engine.py: _decoder()", 1),
+        u("vllm.v1.serial_utils:MsgpackDecoder.decode", "_mm_engine.py: decode_item()", 1),
+        u(
+            "vllm.multimodal.encoder_budget:MultiModalBudget",
+            "_mm_engine.py: mm_facts() (enable_cache=: a fallback, see check_fallbacks)",
+            2,
+        ),
+        u(
+            "vllm.multimodal.encoder_budget:MultiModalBudget.get_encoder_budget",
+            "_mm_engine.py: mm_facts()",
+            0,
+        ),
+        Use(
+            "vllm.multimodal.encoder_budget:MultiModalBudget.mm_max_toks_per_item",
+            "_mm_engine.py: mm_facts() (the per-item bound of tensor requests)",
+            read=True,
+        ),
+        u(
+            "vllm.renderers.base:BaseRenderer.process_for_engine_async",
+            "_mm_engine.py: InprocessProcessor.process() (skip_mm_cache=: a fallback)",
+            2,
+        ),
+        u("vllm.renderers.registry:renderer_from_config", "_mm_engine.py: sidecar_renderer()", 1),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args",
+            "_mm_engine.py: sidecar_parser()",
+            1,
+        ),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.from_cli_args",
+            "_mm_engine.py: sidecar_renderer()",
+            1,
+        ),
+        u(
+            "vllm.engine.arg_utils:AsyncEngineArgs.create_engine_config",
+            "_mm_engine.py: sidecar_renderer()",
+            0,
+        ),
+        Use(
+            "vllm.engine.arg_utils:AsyncEngineArgs.quantization",
+            "_mm_engine.py: sidecar_renderer() clears it",
+            read=True,
+        ),
+        # _mm_layouts.py: the processor's dummy items
+        u(
+            "vllm.config.multimodal:ImageDummyOptions",
+            "_mm_layouts.py: sample()",
+            0,
+            "count",
+            "width",
+            "height",
+        ),
+        u(
+            "vllm.multimodal.processing.context:TimingContext",
+            "_mm_layouts.py: sample()",
+            0,
+            "enabled",
+        ),
+        u(f"{processor}.apply", "_mm_layouts.py: sample()", 1, "timing_ctx"),
+        *read(processor, "_mm_layouts.py, _mm_engine.py", "info", "dummy_inputs"),
+        *read(
+            "vllm.multimodal.processing:BaseProcessingInfo",
+            "_mm_engine.py: mm_facts(), _mm_layouts.py: _samples()",
+            "allowed_mm_limits",
+            "ctx",
+        ),
+        Use(
+            "vllm.multimodal.processing.context:InputProcessingContext.model_config",
+            "_mm_layouts.py: _samples()",
+            read=True,
+        ),
+        u(
+            "vllm.multimodal.processing:BaseDummyInputsBuilder.get_dummy_mm_data",
+            "_mm_layouts.py: _samples()",
+            3,
+        ),
+        # the engine, its configuration and its outputs (servicer.py, info.py, kv_events.py,
+        # health_servicer.py, convert.py, _mm_engine.py)
+        *read(
+            llm,
+            "servicer.py, info.py, kv_events.py, health_servicer.py, _mm_engine.py",
+            "model_config",
+            "vllm_config",
+            "renderer",
+            "output_processor",
+            "logger_manager",
+            "errored",
+        ),
+        u(
+            f"{llm}.generate",
+            "servicer.py: Generate",
+            3,
+            "tokenization_kwargs",
+            "trace_headers",
+            "data_parallel_rank",
+        ),
+        u(f"{llm}.encode", "servicer.py: Embed", 3),
+        u(f"{llm}.abort", "servicer.py: engine_abort()", 1),
+        u(f"{llm}.check_health", "health_servicer.py: the probe", 0),
+        u(f"{llm}.reset_prefix_cache", "servicer.py: FlushCache", 0),
+        u(f"{llm}.start_profile", "servicer.py: StartProfile", 0),
+        u(f"{llm}.stop_profile", "servicer.py: StopProfile", 0),
+        u(
+            "vllm.v1.engine.output_processor:OutputProcessor.get_num_unfinished_requests",
+            "info.py: engine_load() without stat loggers (/metrics only)",
+            0,
+        ),
+        *read(
+            f"{stats}.loggers:StatLoggerManager",
+            "info.py: managed_ranks(), scheduler_stats()",
+            "stat_loggers",
+            "engine_indexes",
+        ),
+        Use(f"{llm}.engine_core", "info.py: managed_ranks() without stat loggers", read=True),
+        Use(
+            "vllm.v1.engine.core_client:MPClient.engine_ranks_managed",
+            "info.py: managed_ranks() without stat loggers",
+            read=True,
+        ),
+        *read(
+            f"{stats}.loggers:LoggingStatLogger",
+            "info.py: scheduler_stats()",
+            "last_scheduler_stats",
+            "engine_index",
+        ),
+        Use(
+            f"{stats}.loggers:PerEngineStatLoggerAdapter.per_engine_stat_loggers",
+            "info.py: scheduler_stats() (the default logging, one logger per rank)",
+            read=True,
+        ),
+        Use(
+            f"{stats}.loggers:AggregatedLoggingStatLogger.last_scheduler_stats_dict",
+            "info.py: scheduler_stats() (--aggregate-engine-logging)",
+            read=True,
+        ),
+        *read(
+            f"{stats}.stats:SchedulerStats",
+            "info.py: rank_counts()",
+            "kv_cache_usage",
+            "num_running_reqs",
+            "num_waiting_reqs",
+        ),
+        *read(
+            model,
+            "servicer.py, info.py, _mm_engine.py, _mm_layouts.py",
+            "model",
+            "dtype",
+            "max_model_len",
+            "tokenizer",
+            "served_model_name",
+            "runner_type",
+            "hf_config",
+            "multimodal_config",
+            "is_multimodal_model",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+        ),
+        u(f"{model}.get_vocab_size", "servicer.py: _prompt(), info.py", 0),
+        u(f"{model}.get_diff_sampling_param", "info.py: default_sampling()", 0),
+        *read(
+            mm_config,
+            "_mm_engine.py",
+            "media_io_kwargs",
+            "mm_processor_kwargs",
+            "limit_per_prompt",
+            "language_model_only",
+        ),
+        u(f"{mm_config}.get_limit_per_prompt", "_mm_engine.py: fingerprint_of()", 1),
+        *read(
+            "vllm.config:VllmConfig",
+            "info.py, kv_events.py, mm_sidecar/process.py",
+            "model_config",
+            "cache_config",
+            "scheduler_config",
+            "parallel_config",
+            "kv_transfer_config",
+            "kv_events_config",
+            "attention_config",
+        ),
+        *read(
+            "vllm.config:CacheConfig",
+            "info.py, releases.py: kv_capacity_tokens()",
+            "num_gpu_blocks",
+            "block_size",
+            "cache_dtype",
+        ),
+        *read("vllm.config:SchedulerConfig", "info.py", "max_num_seqs"),
+        *read(
+            "vllm.config:ParallelConfig",
+            "info.py, kv_events.py",
+            "data_parallel_size",
+            "data_parallel_rank",
+        ),
+        *read("vllm.config:KVTransferConfig", "info.py", "kv_connector", "kv_role", "engine_id"),
+        *read("vllm.config:AttentionConfig", "info.py", "backend"),
+        *read(
+            "vllm.config:KVEventsConfig",
+            "kv_events.py: kv_sources()",
+            "enable_kv_cache_events",
+            "publisher",
+            "endpoint",
+            "replay_endpoint",
+            "topic",
+            "hwm",
+        ),
+        *read(
+            "vllm.outputs:RequestOutput",
+            "servicer.py: _responses()",
+            "prompt_token_ids",
+            "num_cached_tokens",
+            "outputs",
+            "prompt_logprobs",
+            "kv_transfer_params",
+        ),
+        *read(
+            "vllm.outputs:CompletionOutput",
+            "servicer.py, convert.py",
+            "index",
+            "token_ids",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+        ),
+        *read("vllm.outputs:PoolingRequestOutput", "servicer.py: Embed", "outputs", "finished"),
+        *read("vllm.outputs:PoolingOutput", "servicer.py: Embed", "data"),
+        *read("vllm.logprobs:Logprob", "convert.py", "logprob", "rank"),
+        # capabilities our code detects (releases.py): the fallbacks are run in check_fallbacks
+        Use(
+            f"{processor}.get_dummy_inputs",
+            "releases.py: dummy_inputs()",
+            since="0.31.0",
+            without="the dummy builder's get_dummy_processor_inputs",
+        ),
+        Use(
+            f"{model}.supports_multimodal_inputs",
+            "releases.py: supports_multimodal_inputs()",
+            since="0.31.0",
+            without="MultiModalRegistry.supports_multimodal_inputs(model_config)",
+        ),
+        Use(
+            f"{llm}.notify_kv_transfer_request_rejected",
+            "releases.py: rejection_notice() (servicer.py: Generate's KV-transfer notice)",
+            2,
+            frozenset({"data_parallel_rank"}),
+            since="0.21.0",
+            without="no notice: the release has no way to take one (kv_transfer.py)",
+        ),
+        Use(
+            f"{llm}.get_kv_event_sources",
+            "releases.py: kv_event_sources()",
+            since="0.31.0",
+            without="the configured base port plus the rank (kv_events.py)",
+        ),
+        Use(
+            "vllm.config:CacheConfig.kv_cache_size_tokens",
+            "releases.py: kv_capacity_tokens() (GetLoads' capacity)",
+            read=True,
+            since="0.24.0",
+            without="num_gpu_blocks * block_size",
+        ),
+        Use(
+            f"{stats}.stats:SchedulerStats.num_skipped_waiting_reqs",
+            "releases.py: waiting_fields() (GetLoads' waiting)",
+            read=True,
+            since="0.20.0",
+            without="num_waiting_reqs alone",
+        ),
+        # the exceptions errors.py's table names (matched by class name: see check_fallbacks)
+        *(
+            Use(f"{module}:{name}", "errors.py: the table", since=since, without=_IDLE)
+            for name, (module, since, _) in EXCEPTIONS.items()
+        ),
+        # the plugin's hooks in vLLM (the launcher itself: check_launcher)
+        u("vllm.plugins:load_general_plugins", "plugin.py: loaded by AsyncEngineArgs.add_cli_args"),
+        Use("vllm.plugins:DEFAULT_PLUGINS_GROUP", "pyproject.toml: our entry point", read=True),
+    ]
+
+
+_GREEDY = ("max_tokens", "temperature", "ignore_eos")
+_IDLE = "nothing raises it: the table's entry never matches"
+
+#: The exception classes :mod:`smg_servicer_vllm.errors` maps, where vLLM defines them, the
+#: first release that has them there, and what :func:`errors.translate` must make of them once
+#: the request is accepted (None: left alone, core answers INTERNAL).
+EXCEPTIONS: dict[str, tuple[str, str, str | None]] = {
+    "EngineDeadError": ("vllm.v1.engine.exceptions", "", "Unavailable"),
+    "EngineGenerateError": ("vllm.v1.engine.exceptions", "", "(its cause)"),
+    "VLLMValidationError": ("vllm.exceptions", "", "InvalidRequest"),
+    "VLLMNotFoundError": ("vllm.exceptions", "", "NotFound"),
+    "VLLMClientError": ("vllm.exceptions", "0.27.0", "InvalidRequest"),
+    "GracefulHTTPError": ("vllm.exceptions", "0.29.0", "Unavailable"),  # built with 503
+    "GenerationError": ("vllm.exceptions", "0.29.0", None),
+    "RetryableRequestError": ("vllm.exceptions", "0.32.0", "Unavailable"),
+}
+
+USES = _uses()
