@@ -252,8 +252,13 @@ def guard_wire() -> None:
 
 def register() -> None:
     """The entry point vLLM calls (possibly several times per process): wrap the parser once and
-    guard the wire (:func:`guard_wire`)."""
+    guard the wire (:func:`guard_wire`); in the engine cores of our ZMQ-lane launcher, guard the
+    requests the router sends them (:func:`smg_servicer_vllm.headless.guard_engine_core`)."""
     guard_wire()
+    if environment().get("SMG_VLLM_ZMQ_LANE") == "1":
+        from smg_servicer_vllm.headless import guard_engine_core  # noqa: PLC0415
+
+        guard_engine_core()
     try:
         from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM calls us: it is loaded
 

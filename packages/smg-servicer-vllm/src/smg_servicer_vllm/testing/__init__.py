@@ -8,7 +8,8 @@ attributes of vLLM's ``RequestOutput``/``CompletionOutput``; the engine-tier tes
 servicer against the real ``AsyncLLM``, which keeps this fake honest.
 
 :func:`launcher_command` is vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs) on
-loopback, CPU-sized for the tiny test models.
+loopback, CPU-sized for the tiny test models; :func:`headless_command` the same model on the
+router's ZMQ lane (:mod:`smg_servicer_vllm.headless`).
 """
 
 import sys
@@ -16,7 +17,26 @@ import sys
 from smg_servicer_vllm.releases import launcher_module
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
-__all__ = ["FakeAsyncLLM", "launcher_command", "launcher_module"]
+__all__ = ["FakeAsyncLLM", "headless_command", "launcher_command", "launcher_module"]
+
+
+def _cpu_flags(
+    model: object, max_model_len: int, kv_cache_bytes: int, log_stats: bool
+) -> list[str]:
+    """The tiny test models on a CPU: float32, eager, ``kv_cache_bytes`` of KV cache, no stats
+    logging unless ``log_stats``."""
+    return [
+        "--model",
+        str(model),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+        *(() if log_stats else ("--disable-log-stats",)),
+    ]
 
 
 def launcher_command(
@@ -34,19 +54,31 @@ def launcher_command(
         sys.executable,
         "-m",
         launcher_module(),
-        "--model",
-        str(model),
+        *_cpu_flags(model, max_model_len, kv_cache_bytes, log_stats),
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(max_model_len),
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(kv_cache_bytes),
-        *(() if log_stats else ("--disable-log-stats",)),
+        *extra,
+    ]
+
+
+def headless_command(
+    model: object,
+    worker_url: str,
+    *extra: str,
+    max_model_len: int = 1024,
+    kv_cache_bytes: int = 128 << 20,
+) -> list[str]:
+    """``python -m smg_grpc_servicer.vllm.headless`` (the router's ZMQ lane) for the router's
+    ``ipc://`` ``worker_url``, CPU-sized as :func:`launcher_command`, stats on (the router reads
+    the load they carry); then ``extra``."""
+    return [
+        sys.executable,
+        "-m",
+        "smg_grpc_servicer.vllm.headless",
+        *_cpu_flags(model, max_model_len, kv_cache_bytes, log_stats=True),
+        "--zmq-worker-url",
+        worker_url,
         *extra,
     ]

