@@ -184,19 +184,29 @@ def test_the_router_sees_the_engines_load(lane: Lane) -> None:
 
 
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
-    """SIGTERM: the stream in flight gets every token and its finish; the launcher exits 0 and
-    leaves nothing running; the router is told the worker is gone."""
+    """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
+    meanwhile is refused with an error (vLLM's own drain answers it "abort" with no text, which
+    the router passes on as a 200); the launcher exits 0 and leaves nothing running; the router
+    is told the worker is gone."""
     cores = lane.cores()
     assert cores, "no engine core under the launcher"
-    body = lane.body(prompt="Tell me a long story", max_tokens=300, ignore_eos=True, stream=True)
+    body = lane.body(prompt="Tell me a long story", max_tokens=600, ignore_eos=True, stream=True)
+    answers: list[httpx.Response] = []
     with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
         assert s.status_code == 200
         events = _events(s)
         got = [next(events) for _ in range(5)]
         lane.engine.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
+            answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
         got += list(events)
     pieces = [e["choices"][0] for e in got if e.get("choices")]
     assert [c.get("finish_reason") for c in pieces if c.get("finish_reason")] == ["length"]
+    assert answers[-1].status_code == 500, answers[-1].text
+    assert "with an error" in answers[-1].text
+    served = [a.json()["choices"][0]["finish_reason"] for a in answers[:-1]]
+    assert set(served) <= {"length"}, f"a request during the drain was answered empty: {served}"
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs(cores, timeout=10)
     assert not alive, f"left running: {alive}"

@@ -78,6 +78,8 @@ def _uses() -> list[Use]:
     connector = "vllm.multimodal.media.connector"
     processor = "vllm.multimodal.processing:BaseMultiModalProcessor"
     stats = "vllm.v1.metrics"
+    serve = "vllm.entrypoints.cli.serve:ServeSubcommand"
+    core = "vllm.v1.engine.core:EngineCore"
     return [
         # _engine.py: the request objects and the parser class
         u("vllm.version", "_engine.py: VLLM_VERSION"),
@@ -441,6 +443,24 @@ def _uses() -> list[Use]:
             Use(f"{module}:{name}", "errors.py: the table", since=since, without=_IDLE)
             for name, (module, since, _) in EXCEPTIONS.items()
         ),
+        # headless.py: the router's ZMQ lane (vLLM's headless serve, the cores' request guard)
+        u(serve, "_engine.py: serve_subcommand()", 0),
+        u(f"{serve}.subparser_init", "headless.py: _parser()", 1),
+        u(f"{serve}.validate", "headless.py: main()", 1),
+        u(f"{serve}.cmd", "headless.py: run() (runs run_headless for --headless)", 1),
+        u("vllm.entrypoints.cli.serve:run_headless", "headless.py: what cmd runs", 1),
+        u(f"{core}.preprocess_add_request", "headless.py: guard_engine_core() wraps it", 1),
+        u(f"{core}Proc._handle_request_preproc_error", "headless.py: ends a refused request", 1),
+        u(f"{core}Proc._handle_shutdown", "headless.py: SIGTERM drains (--shutdown-timeout)", 0),
+        u(f"{core}Proc._reject_add_in_shutdown", "headless.py: replaced (an error, not abort)", 1),
+        u(f"{core}Proc._send_error_outputs_to_client", "headless.py: the drain's refusal", 2),
+        Use("vllm.v1.engine.core:EngineShutdownState.RUNNING", "headless.py", read=True),
+        Use(f"{core}Proc.ENGINE_CORE_DEAD", "headless.py: ENGINE_CORE_DEAD", read=True),
+        Use(f"{model}.max_model_len", "headless.py: guard_engine_core()", read=True),
+        u(f"{model}.get_vocab_size", "headless.py: guard_engine_core()", 0),
+        # (and EngineCoreRequest.prompt_token_ids: a list, or from 0.34 an int32 ndarray, which
+        # the guard takes both ways; 0.34 declares it under TYPE_CHECKING, out of this reader's
+        # sight)
         # the plugin's hooks in vLLM (the launcher itself: check_launcher)
         u("vllm.plugins:load_general_plugins", "plugin.py: loaded by AsyncEngineArgs.add_cli_args"),
         Use("vllm.plugins:DEFAULT_PLUGINS_GROUP", "pyproject.toml: our entry point", read=True),

@@ -97,6 +97,20 @@ def test_the_guard_lets_a_prompt_that_fills_the_context_through() -> None:
     assert refusal(list(range(1024)), max_model_len=1024, vocab_size=1024) == ""
 
 
+def test_the_guard_takes_the_ids_as_an_array_too() -> None:
+    """vLLM 0.34 decodes the router's ids as an int32 ndarray."""
+    import numpy as np
+
+    assert refusal(np.array([1, 2, 3], dtype=np.int32), 1024, 10) == ""
+    assert "outside" in refusal(np.array([1, 20], dtype=np.int32), 1024, 10)
+    assert "no tokens" in refusal(np.array([], dtype=np.int32), 1024, 10)
+
+
+def test_a_prompt_of_embeddings_is_checked_for_its_length_only() -> None:
+    assert refusal(None, max_model_len=1024, vocab_size=10, embeds_len=12) == ""
+    assert "longer than" in refusal(None, max_model_len=8, vocab_size=10, embeds_len=12)
+
+
 def test_the_command_line_aims_at_the_router() -> None:
     args = headless.parse(["M", "--zmq-worker-url", "ipc:///run/smg/a"])
     assert args.model_tag == "M" and args.headless

@@ -54,6 +54,27 @@ def greedy_params(max_tokens: int) -> Any:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
+def serve_subcommand() -> Any:
+    """vLLM's ``serve`` subcommand (``vllm serve``: its parser, validation and dispatch, which
+    runs ``run_headless`` for ``--headless``): the ZMQ-lane launcher's engine start."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415
+
+    return ServeSubcommand()
+
+
+def engine_core_classes() -> tuple[Any, Any, Any]:
+    """vLLM's ``EngineCore`` (whose request preparation the ZMQ-lane guard wraps),
+    ``EngineCoreProc`` (whose refusal of a request during a drain it changes) and
+    ``EngineShutdownState``."""
+    from vllm.v1.engine.core import (  # noqa: PLC0415
+        EngineCore,
+        EngineCoreProc,
+        EngineShutdownState,
+    )
+
+    return EngineCore, EngineCoreProc, EngineShutdownState
+
+
 def argument_parser() -> Any:
     """vLLM's ``FlexibleArgumentParser``, the class the plugin wraps (ImportError in a vLLM
     without it: such a vLLM has no gRPC launcher we serve)."""

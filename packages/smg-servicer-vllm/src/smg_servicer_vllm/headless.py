@@ -91,35 +91,65 @@ def handshake_port(worker_url: str) -> int:
     return _PORT_BASE + h % _PORT_SPAN
 
 
-def refusal(prompt_token_ids: Sequence[int] | None, max_model_len: int, vocab_size: int) -> str:
+def refusal(
+    prompt_token_ids: Sequence[int] | Any,
+    max_model_len: int,
+    vocab_size: int,
+    embeds_len: int | None = None,
+) -> str:
     """Why vLLM's front end would refuse this prompt before its engine core (empty: it would not):
-    none or empty, longer than the context, a token id outside the vocabulary."""
-    if not prompt_token_ids:
+    none or empty, longer than the context, a token id outside the vocabulary. The ids are a list
+    or (vLLM 0.34) an int32 ndarray; a prompt given as embeddings (``embeds_len`` rows, no ids) is
+    checked for its length only."""
+    count = 0 if prompt_token_ids is None else len(prompt_token_ids)
+    length = count or (embeds_len or 0)
+    if not length:
         return "the prompt has no tokens"
-    if len(prompt_token_ids) > max_model_len:
+    if length > max_model_len:
         return (
-            f"the prompt ({len(prompt_token_ids)} tokens) is longer than the maximum model length "
+            f"the prompt ({length} tokens) is longer than the maximum model length "
             f"of {max_model_len}"
         )
-    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
-        return f"a prompt token id is outside the vocabulary (0-{vocab_size - 1})"
+    if count:
+        low, high = _bounds(prompt_token_ids)
+        if low < 0 or high >= vocab_size:
+            return f"a prompt token id is outside the vocabulary (0-{vocab_size - 1})"
     return ""
 
 
-def guard_engine_core() -> None:
-    """In this process's vLLM ``EngineCore``: a request the router sent straight here is checked
-    as vLLM's front end would (:func:`refusal`, and the sampling parameters' own checks) before
-    vLLM prepares it. A refused request raises there, where vLLM ends that request with an error
-    and serves on (``_handle_request_preproc_error``, 0.19+); it never reaches the model."""
-    from vllm.v1.engine.core import EngineCore  # noqa: PLC0415 - in an engine core only
+def _bounds(ids: Any) -> tuple[int, int]:
+    """The smallest and largest id: an ndarray's own ``min``/``max``, else Python's."""
+    if hasattr(ids, "min") and hasattr(ids, "max"):
+        return int(ids.min()), int(ids.max())
+    return min(ids), max(ids)
 
-    current = EngineCore.preprocess_add_request
+
+def guard_engine_core() -> None:
+    """In this process's vLLM engine core, for requests the router sends straight here:
+
+    - each is checked as vLLM's front end would (:func:`refusal`, and the sampling parameters'
+      own checks) before vLLM prepares it. A refused request raises there, where vLLM ends that
+      request with an error and serves on (``_handle_request_preproc_error``); it never reaches
+      the model;
+    - one that arrives while the core drains is ended with an error, not vLLM's abort: the
+      router answers an aborted request 200 with no text, so a client would take the refusal
+      for an empty answer."""
+    from smg_servicer_vllm._engine import engine_core_classes  # noqa: PLC0415 - in a core only
+
+    core, proc, state = engine_core_classes()
+    current = core.preprocess_add_request
     if getattr(current, _GUARDED, False):
         return
 
     def preprocess_add_request(self: Any, request: Any) -> Any:
         config = self.vllm_config.model_config
-        why = refusal(request.prompt_token_ids, config.max_model_len, config.get_vocab_size())
+        embeds = getattr(request, "prompt_embeds", None)
+        why = refusal(
+            request.prompt_token_ids,
+            config.max_model_len,
+            config.get_vocab_size(),
+            None if embeds is None else len(embeds),
+        )
         if why:
             raise ValueError(why)
         verify = getattr(request.sampling_params, "_verify_args", None)
@@ -127,8 +157,15 @@ def guard_engine_core() -> None:
             verify()
         return current(self, request)
 
+    def _reject_add_in_shutdown(self: Any, request: Any) -> bool:
+        if self.shutdown_state == state.RUNNING:
+            return False
+        self._send_error_outputs_to_client([request.request_id], request.client_index)
+        return True
+
     setattr(preprocess_add_request, _GUARDED, True)
-    EngineCore.preprocess_add_request = preprocess_add_request  # type: ignore[method-assign]
+    core.preprocess_add_request = preprocess_add_request
+    proc._reject_add_in_shutdown = _reject_add_in_shutdown
 
 
 class HandshakeRelay:
@@ -263,12 +300,10 @@ class CoreWatch:
 
 def _parser() -> argparse.ArgumentParser:
     """vLLM's own ``serve`` parser (every engine flag, vLLM's validation), plus ours."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415 - vLLM only here
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+    from smg_servicer_vllm._engine import argument_parser, serve_subcommand  # noqa: PLC0415
 
-    top = FlexibleArgumentParser(prog="python -m smg_grpc_servicer.vllm.headless")
-    command: Any = ServeSubcommand()
-    serve: Any = command.subparser_init(top.add_subparsers(dest="subparser"))
+    top = argument_parser()(prog="python -m smg_grpc_servicer.vllm.headless")
+    serve: Any = serve_subcommand().subparser_init(top.add_subparsers(dest="subparser"))
     serve.prog = top.prog
     serve.add_argument(
         "--zmq-handshake-address",
@@ -363,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.CONFIG
     configure_logging("info")
-    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415
+    from smg_servicer_vllm._engine import serve_subcommand  # noqa: PLC0415
 
     # What vLLM's CLI sets first: the cores' workers start by spawn (never fork this process).
     # The children inherit this process's environment: the one way to hand them these.
@@ -372,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until vLLM installs its own handlers (which drain), a signal stops the launch.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    command = ServeSubcommand()
+    command = serve_subcommand()
     try:
         command.validate(args)
     except (ValueError, TypeError) as err:

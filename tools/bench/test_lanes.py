@@ -1,0 +1,61 @@
+"""tools/bench/lanes.py's client-side reading: SSE lines into streams, streams into figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lanes import Stream, parse_sse, summarize, table
+
+pytestmark = pytest.mark.unit
+
+
+def _chunk(text: str) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "text": text}]})
+
+
+def test_text_chunks_time_the_stream_and_the_usage_chunk_counts_it() -> None:
+    stream = Stream(start=0.0)
+    parse_sse(_chunk("a"), stream, 0.010)
+    parse_sse(_chunk(""), stream, 0.011)  # no text: not a chunk of output
+    parse_sse(_chunk("bc"), stream, 0.030)
+    parse_sse("data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 3}}), stream, 1)
+    parse_sse("data: [DONE]", stream, 2)
+    parse_sse(": keep-alive", stream, 2)
+    assert (stream.chunks, stream.tokens, stream.error) == ([0.010, 0.030], 3, "")
+
+
+def test_an_error_event_marks_the_stream() -> None:
+    stream = Stream(start=0.0)
+    parse_sse("data: " + json.dumps({"error": {"message": "engine died"}}), stream, 0.1)
+    assert "engine died" in stream.error
+
+
+def test_the_figures_of_a_cell() -> None:
+    good = Stream(start=0.0, chunks=[0.02, 0.03, 0.05], tokens=4)
+    bad = Stream(start=0.0, error="HTTP 500")
+    report = summarize([good, good, bad], wall_s=2.0)
+    assert (report["ok"], report["errors"], report["output_tokens"]) == (2, 1, 8)
+    assert report["output_tokens_per_s"] == 4.0
+    assert report["ttft_ms_p50"] == pytest.approx(20.0)
+    assert report["itl_ms_p50"] == pytest.approx(15.0)
+    assert report["tokens_per_chunk"] == pytest.approx(8 / 6, abs=1e-3)
+
+
+def test_the_table_has_one_row_per_arm_and_concurrency_with_median_and_range() -> None:
+    def row(arm: str, conc: int, tps: float) -> dict:
+        keys = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
+        cpu = ("router", "front_end", "engine")
+        return {
+            "arm": arm,
+            "concurrency": conc,
+            "output_tokens_per_s": tps,
+            **dict.fromkeys(keys, 1.0),
+            **{f"{c}_cpu_us_per_token": 2.0 for c in cpu},
+        }
+
+    text = table([row("zmq", 16, 10), row("zmq", 16, 30), row("zmq", 16, 20), row("python", 1, 5)])
+    lines = text.splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| python | 1 | 5 (5-5)")
+    assert lines[3].startswith("| zmq | 16 | 20 (10-30)")
