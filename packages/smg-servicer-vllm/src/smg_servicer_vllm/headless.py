@@ -250,6 +250,17 @@ class HandshakeRelay:
         self._ctx.term()
 
 
+def _exit_code(proc: BaseProcess) -> int | None:
+    """The exit code of a core that has ended. vLLM's process manager may reap it first, from
+    another thread, and then sets the code a moment later: wait for it, bounded. None: unknown
+    (counted as a clean exit; the launcher's own exit code still says whether it was asked)."""
+    deadline = time.monotonic() + 2
+    proc.join(timeout=1)
+    while proc.exitcode is None and time.monotonic() < deadline:
+        time.sleep(WATCH_S)
+    return proc.exitcode
+
+
 class CoreWatch:
     """Watches this process's engine cores (vLLM names them ``EngineCore``/``EngineCore_DP<n>``)
     and tells the router when they are gone: at once when a core exits with a failure (killed,
@@ -284,10 +295,10 @@ class CoreWatch:
         while alive:
             for sentinel in multiprocessing.connection.wait(list(alive)):
                 proc = alive.pop(sentinel)  # type: ignore[call-overload]
-                proc.join(timeout=1)  # its exit code (None until it is reaped)
-                if proc.exitcode != 0 and self.died is None:
-                    self.died = f"{proc.name} exited {proc.exitcode}"
-                    logger.error("engine core %s exited %s", proc.name, proc.exitcode)
+                code = _exit_code(proc)
+                if code not in (0, None) and self.died is None:
+                    self.died = f"{proc.name} exited {code}"
+                    logger.error("engine core %s exited %s", proc.name, code)
                     self._tell("an engine core died")
         if cores and not self.told.is_set():
             self._tell("every engine core has stopped")
