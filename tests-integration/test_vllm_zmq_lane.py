@@ -162,6 +162,28 @@ def test_invalid_sampling_is_a_4xx(lane: Lane) -> None:
     assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
 
 
+def test_structured_output_and_logprobs_ride_the_lane(lane: Lane) -> None:
+    """The router builds the grammar and the logprob request itself; the cores honour them."""
+    chat = {"messages": [{"role": "user", "content": "yes or no?"}]}
+    enum = {"type": "string", "enum": ["yes", "no"]}
+    constrained = lane.post(
+        "/v1/chat/completions",
+        max_tokens=10,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": enum}},
+        **chat,
+    )
+    assert constrained.status_code == 200, constrained.text
+    assert json.loads(constrained.json()["choices"][0]["message"]["content"]) in ("yes", "no")
+
+    scored = lane.post(
+        "/v1/chat/completions", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=2, **chat
+    )
+    assert scored.status_code == 200, scored.text
+    tokens = scored.json()["choices"][0]["logprobs"]["content"]
+    assert len(tokens) == 5
+    assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in tokens)
+
+
 def test_the_router_sees_the_engines_load(lane: Lane) -> None:
     """The cores' scheduler stats reach the router (``/get_loads``, polled every second here):
     requests running while clients stream, none once they have finished."""
