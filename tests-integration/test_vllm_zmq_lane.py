@@ -34,10 +34,18 @@ LONG = 900
 class Lane:
     """Our headless launcher and the router in front of it, on an ``ipc://`` worker URL."""
 
-    def __init__(self, model: Path, sockets: Path, *router_flags: str) -> None:
+    def __init__(
+        self,
+        model: Path,
+        sockets: Path,
+        *router_flags: str,
+        engine_flags: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.model = str(model)
         self.url = f"ipc://{sockets}/engine"
-        self.engine: WorkerProcess = start_worker(headless_command(model, self.url), 0, "")
+        command = headless_command(model, self.url, *engine_flags)
+        self.engine: WorkerProcess = start_worker(command, 0, "", env)
         self.router = Router(
             self.url,
             "--backend", "vllm",
@@ -281,5 +289,40 @@ def test_engine_death_is_told_to_the_router_at_once(
         _, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"left running: {alive}"
         assert "ENGINE_CORE_DEAD" in lane.engine.tail(100_000), told
+    finally:
+        lane.stop()
+
+
+def test_two_data_parallel_cores_behind_one_grouped_worker(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``--data-parallel-size 2``: two cores on one socket set (the router's
+    ``--zmq-engine-count 2``), each rank's load reported; one rank killed is the worker's death
+    (the router told, exit 1, nothing left running)."""
+    lane = Lane(
+        tiny_model,
+        tmp_path_factory.mktemp("zmq-dp"),
+        "--zmq-engine-count", "2",
+        engine_flags=("--data-parallel-size", "2"),
+        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},  # a core per rank (README: deployment shapes)
+    )  # fmt: skip
+    try:
+        cores = lane.cores()
+        assert len(cores) == 2, cores
+        for _ in range(4):
+            assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+        _until(
+            lambda: sorted(load["dp_rank"] for load in _loads(lane)) == [0, 1],
+            10,
+            f"the router did not get both ranks' load: {_loads(lane)}",
+        )
+        everything = lane.engine.children()
+        cores[1].kill()
+        assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
+        assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
+        refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+        assert refused.status_code >= 500, refused.text
+        _, alive = psutil.wait_procs(everything, timeout=10)
+        assert not alive, f"left running: {alive}"
     finally:
         lane.stop()
