@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import psutil
 
+from smg_bench import cpu_seconds
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import WorkerProcess, free_port, start_worker
 from smg_servicer_core.testing.router import Router
@@ -132,17 +133,6 @@ async def load(base: str, model: str, concurrency: int, requests: int, max_token
         return done, time.perf_counter() - start
 
 
-def _cpu(procs: Sequence[psutil.Process]) -> float:
-    total = 0.0
-    for proc in procs:
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 class Arm:
     """A worker of one lane and the router in front of it, started fresh."""
 
@@ -188,12 +178,14 @@ def _stop_tree(worker: WorkerProcess) -> None:
 def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
     asyncio.run(load(arm.router.base, arm.model, min(concurrency, 4), 4, max_tokens))  # warm-up
     groups = arm.groups()
-    before = {name: _cpu(procs) for name, procs in groups.items()}
+    before = {name: cpu_seconds(procs) for name, procs in groups.items()}
     streams, wall = asyncio.run(load(arm.router.base, arm.model, concurrency, requests, max_tokens))
     report = {"arm": arm.name, "concurrency": concurrency, **summarize(streams, wall)}
     tokens = max(1, report["output_tokens"])
     for name, procs in groups.items():
-        report[f"{name}_cpu_us_per_token"] = round((_cpu(procs) - before[name]) * 1e6 / tokens, 1)
+        report[f"{name}_cpu_us_per_token"] = round(
+            (cpu_seconds(procs) - before[name]) * 1e6 / tokens, 1
+        )
     return report
 
 
@@ -224,7 +216,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="vLLM through the router: Python and ZMQ lanes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--requests-per-stream", type=int, default=8)

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,18 @@ class StreamResult:
         return self.ttft_s is not None and self.tokens > 1 and self.ttft_s > self.total_s / 2
 
 
+def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """User plus system CPU seconds of these processes (one that has gone counts 0)."""
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 class TreeSampler:
     """Process-tree CPU time and peak RSS of one server process."""
 
@@ -77,14 +89,7 @@ class TreeSampler:
             return []
 
     def cpu_s(self) -> float:
-        total = 0.0
-        for proc in self._tree():
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                continue
-        return total
+        return cpu_seconds(self._tree())
 
     def sample_rss(self) -> None:
         rss = 0
