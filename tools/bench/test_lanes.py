@@ -32,6 +32,8 @@ def test_an_error_event_marks_the_stream() -> None:
 
 
 def test_the_figures_of_a_cell() -> None:
+    """Arithmetic on fixed, made-up timestamps (nothing is timed here): the figures a cell
+    reports are the ones its streams imply."""
     good = Stream(start=0.0, chunks=[0.02, 0.03, 0.05], tokens=4)
     bad = Stream(start=0.0, error="HTTP 500")
     report = summarize([good, good, bad], wall_s=2.0)
