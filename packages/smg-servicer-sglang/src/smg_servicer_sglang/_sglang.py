@@ -49,6 +49,7 @@ from sglang.srt.managers import io_struct as _io
 from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
 from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
 from sglang.srt.managers.scheduler import run_scheduler_process
+from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as _IdleSleeper
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -58,6 +59,8 @@ from sglang.srt.server_args import PortArgs
 from sglang.srt.server_args import prepare_server_args as _prepare_server_args
 from sglang.srt.utils.common import configure_logger
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+from sglang.srt.utils.msgpack_utils import dec_hook as _dec_hook
+from sglang.srt.utils.msgpack_utils import ext_hook as _ext_hook
 
 from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_sglang import grammar_hooks
@@ -85,6 +88,13 @@ TokenizedGenerateReqInput: Any = _io.TokenizedGenerateReqInput
 SamplingParams: Any = _sampling.SamplingParams
 async_sock_send: Any = _io.async_sock_send
 async_sock_recv: Any = _io.async_sock_recv
+# The router's ZMQ lane (zmq_wire, zmq_plugin): SGLang's own msgpack hooks for its structs, the
+# plugin hook registry, and the scheduler's idle sleeper.
+msgpack_dec_hook: Any = _dec_hook
+msgpack_ext_hook: Any = _ext_hook
+hook_registry: Any = HookRegistry
+hook_type: Any = HookType
+IdleSleeper: Any = _IdleSleeper
 
 
 def internal_params(tokenizer: Any, **fields: Any) -> Any:

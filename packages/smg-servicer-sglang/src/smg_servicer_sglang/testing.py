@@ -70,3 +70,16 @@ def serve_command(
         "--port", str(port),
         *extra,
     ]  # fmt: skip
+
+
+def headless_command(model: Path, worker_url: str, *extra: str, python: Path) -> list[str]:
+    """``python -m smg_grpc_servicer.sglang.headless`` (the router's ZMQ lane: SGLang's scheduler
+    speaking to the router itself) for the router's ``ipc://`` ``worker_url``, from the
+    environment of ``python``, CPU-sized as :func:`serve_command`; then ``extra``."""
+    return [
+        str(python), "-m", "smg_grpc_servicer.sglang.headless",
+        "--zmq-worker-url", worker_url,
+        "--model-path", str(model),
+        *CPU_FLAGS,
+        *extra,
+    ]  # fmt: skip

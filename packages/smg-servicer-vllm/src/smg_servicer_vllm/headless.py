@@ -54,43 +54,24 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-import msgspec
-import zmq
-
 from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.zmq_lane import (
+    HandshakeRelay,
+    handshake_address,
+)
 
 logger = logging.getLogger(__name__)
 
-#: vLLM's sentinel on an engine core's output socket (``EngineCoreProc.ENGINE_CORE_DEAD``, every
-#: release), which the router takes as "this engine is gone".
-ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 #: The drain a SIGTERM gets when ``--shutdown-timeout`` is not given (vLLM's default, 0, aborts
 #: what is in flight).
 DRAIN_S = 30
 #: How often the watch looks for the cores while they start, and the most it sleeps.
 WATCH_S = 0.05
-#: How long the sentinel may wait for the router to take it.
-SENTINEL_LINGER_MS = 1000
-#: Frames the relay holds for a side that is not there yet (the router not started): a bound.
-RELAY_HWM = 64
 
 #: Set in the cores' environment by this launcher: our vLLM plugin installs the request guard
 #: (:func:`guard_engine_core`) in the engine core processes.
 LANE_ENV = "SMG_VLLM_ZMQ_LANE"
 _GUARDED = "_smg_zmq_guard"
-
-#: Where the router's handshake listens, for an ``ipc://`` worker URL: ``smg`` 1.13's
-#: ``derive_handshake_port`` (FNV-1a of the path, folded into 20000-29999).
-_PORT_BASE, _PORT_SPAN = 20000, 10000
-
-
-def handshake_port(worker_url: str) -> int:
-    """The router's tcp handshake port for the ``ipc://PATH`` worker URL it was given."""
-    path = worker_url.removeprefix("ipc://")
-    h = 0xCBF29CE484222325
-    for byte in path.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return _PORT_BASE + h % _PORT_SPAN
 
 
 def refusal(
@@ -168,88 +149,6 @@ def guard_engine_core() -> None:
     setattr(preprocess_add_request, _GUARDED, True)
     core.preprocess_add_request = preprocess_add_request
     proc._reject_add_in_shutdown = _reject_add_in_shutdown
-
-
-class HandshakeRelay:
-    """Forwards vLLM's startup handshake (HELLO -> INIT -> READY) between the engine cores and the
-    router, frame for frame, and keeps the output addresses the router's INIT names.
-
-    The cores dial :attr:`address` (a ROUTER here); for each core identity the relay dials the
-    router with a DEALER of the same identity, so the router sees the cores themselves. One
-    thread; every socket bounded (:data:`RELAY_HWM`)."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self._ctx = zmq.Context()
-        self._front = self._ctx.socket(zmq.ROUTER)
-        self._front.setsockopt(zmq.RCVHWM, RELAY_HWM)
-        self._front.setsockopt(zmq.SNDHWM, RELAY_HWM)
-        port = self._front.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
-        self._backs: dict[bytes, zmq.Socket[bytes]] = {}
-        self._outputs: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="smg-handshake-relay", daemon=True)
-        self._thread.start()
-
-    def outputs(self) -> list[str]:
-        """The router's output addresses, once a core's INIT has passed (else empty)."""
-        with self._lock:
-            return list(self._outputs)
-
-    def _back(self, identity: bytes, poller: zmq.Poller) -> zmq.Socket[bytes]:
-        sock = self._backs.get(identity)
-        if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, identity)
-            sock.setsockopt(zmq.SNDHWM, RELAY_HWM)
-            sock.setsockopt(zmq.RCVHWM, RELAY_HWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.upstream)
-            poller.register(sock, zmq.POLLIN)
-            self._backs[identity] = sock
-        return sock
-
-    def _learn(self, frame: bytes) -> None:
-        try:
-            init = msgspec.msgpack.decode(frame)
-            found = [str(a) for a in init["addresses"]["outputs"]]
-        except (msgspec.DecodeError, KeyError, TypeError):
-            return  # not an INIT (or not one we read): forwarded all the same
-        with self._lock:
-            self._outputs.extend(a for a in found if a not in self._outputs)
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._front, zmq.POLLIN)
-        while not self._stop.is_set():
-            for sock, _ in poller.poll(200):
-                if sock is self._front:
-                    identity, *frames = self._front.recv_multipart()
-                    self._back(identity, poller).send_multipart(frames)
-                else:
-                    frames = sock.recv_multipart()
-                    self._learn(frames[0])
-                    self._front.send_multipart([sock.getsockopt(zmq.IDENTITY), *frames])
-
-    def send_dead(self) -> list[str]:
-        """``ENGINE_CORE_DEAD`` to each output address the router named (what was told)."""
-        told = self.outputs()
-        for address in told:
-            push = self._ctx.socket(zmq.PUSH)
-            push.setsockopt(zmq.LINGER, SENTINEL_LINGER_MS)
-            push.connect(address)
-            push.send(ENGINE_CORE_DEAD)
-            push.close()
-        return told
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        for sock in (self._front, *self._backs.values()):
-            sock.close(linger=0)
-        self._ctx.term()
 
 
 def _exit_code(proc: BaseProcess) -> int | None:
@@ -341,19 +240,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if getattr(args, "grpc", False):
         raise ValueError("--grpc serves the Python gRPC lane; this launcher is the ZMQ lane")
     args.headless = True
-    if args.zmq_worker_url is not None:
-        if not args.zmq_worker_url.startswith("ipc://"):
-            raise ValueError(f"--zmq-worker-url must be ipc://PATH, got {args.zmq_worker_url!r}")
-        args.zmq_handshake_address = f"tcp://127.0.0.1:{handshake_port(args.zmq_worker_url)}"
-    if args.zmq_handshake_address is None:
+    address = args.zmq_handshake_address
+    if address is None and args.zmq_worker_url is None and args.data_parallel_rpc_port is not None:
         host = args.data_parallel_address or "127.0.0.1"
-        if args.data_parallel_rpc_port is None:
-            raise ValueError("name the router's handshake: --zmq-handshake-address tcp://H:P")
-        args.zmq_handshake_address = f"tcp://{host}:{args.data_parallel_rpc_port}"
-    if not args.zmq_handshake_address.startswith("tcp://"):
-        raise ValueError(
-            f"--zmq-handshake-address must be tcp://HOST:PORT, got {args.zmq_handshake_address!r}"
-        )
+        address = f"tcp://{host}:{args.data_parallel_rpc_port}"  # as smg serve passes it
+    args.zmq_handshake_address = handshake_address(address, args.zmq_worker_url)
     if "--shutdown-timeout" not in " ".join(argv):
         args.shutdown_timeout = DRAIN_S
     return args

@@ -1,0 +1,222 @@
+"""SGLang's scheduler ranks headless for the router's direct ZMQ lane (no Python on the token path).
+
+    python -m smg_grpc_servicer.sglang.headless --zmq-handshake-address tcp://127.0.0.1:PORT \\
+        [--zmq-engine-index N] --model-path MODEL [SGLang's server flags]
+    smg launch --worker-urls ipc:///run/smg/engine-0 --backend sglang --model-path MODEL
+
+What ``smg serve --backend sglang --connection-mode zmq`` launches. No HTTP server, no tokenizer
+manager, no detokenizer: this process starts SGLang's own scheduler ranks (SGLang's own spawner)
+and supervises them; the rank that owns request I/O dials the router itself, through the
+``smg-zmq`` plugin (:mod:`smg_servicer_sglang.zmq_plugin`), and the router speaks SGLang's
+scheduler structs to it (:mod:`smg_servicer_sglang.zmq_wire`).
+
+- **Engine death is told at once.** The scheduler dials the router through a relay here
+  (:class:`~smg_servicer_core.zmq_lane.HandshakeRelay`), which learns where the router takes
+  outputs; when a rank exits unasked (killed, crashed, or SGLang's SIGQUIT), the launcher sends
+  the dead-engine sentinel there on its behalf, stops the other ranks and exits 1.
+- **SIGTERM drains**: new requests are refused with 503, those in flight finish (up to
+  ``--zmq-drain-timeout``, 30 s), then the sentinel, exit 0 (1 when the drain ran out of time).
+- **Bad input cannot reach the scheduler**: the plugin refuses what SGLang's front end would (an
+  empty prompt, a token id outside the vocabulary, sampling parameters SGLang rejects), status 400.
+- **Load is visible**: every output batch carries the scheduler's load (running, waiting, KV
+  tokens used and total), which the router reads for ``/get_loads`` and load-aware policies.
+
+Not on this lane (refused at start, exit 2): data parallelism (``--dp-size`` > 1, as ``smg serve``
+itself refuses it) and prefill/decode roles (the router's SGLang ZMQ client serves neither); use
+the gRPC lane. Exit codes are core's table (:class:`smg_servicer_core.entry.ExitCode`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
+from smg_servicer_sglang.zmq_plugin import DRAIN_SIGNAL, ENGINE_INDEX_ENV, HANDSHAKE_ENV
+
+logger = logging.getLogger(__name__)
+
+#: How long a SIGTERM's drain waits for the requests in flight.
+DRAIN_S = 30.0
+#: How often the launcher looks at its ranks.
+WATCH_S = 0.05
+#: How long a rank has to stop before it is killed.
+STOP_S = 2.0
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our flags, and the rest for SGLang's own parser. ``ValueError`` for a bad one of ours."""
+    parser = argparse.ArgumentParser(prog="python -m smg_grpc_servicer.sglang.headless")
+    parser.add_argument(
+        "--zmq-handshake-address",
+        default=None,
+        help="the router's ZMQ handshake, tcp://HOST:PORT (for an ipc:// worker URL the router "
+        "listens on 127.0.0.1 at the port it derives from the URL)",
+    )
+    parser.add_argument(
+        "--zmq-worker-url",
+        default=None,
+        help="the router's ipc:// worker URL, from which the handshake address is derived "
+        "(instead of --zmq-handshake-address)",
+    )
+    parser.add_argument(
+        "--zmq-engine-index", type=int, default=0, help="the engine index to register as (0)"
+    )
+    parser.add_argument(
+        "--zmq-drain-timeout",
+        type=float,
+        default=DRAIN_S,
+        help=f"seconds a SIGTERM waits for the requests in flight ({DRAIN_S:.0f})",
+    )
+    ours, rest = parser.parse_known_args(list(argv))
+    ours.zmq_handshake_address = handshake_address(ours.zmq_handshake_address, ours.zmq_worker_url)
+    if not 0 <= ours.zmq_engine_index <= 0xFFFF:
+        raise ValueError(f"--zmq-engine-index must be in 0..65535, got {ours.zmq_engine_index}")
+    if ours.zmq_drain_timeout < 0:
+        raise ValueError("--zmq-drain-timeout must be >= 0")
+    return ours, rest
+
+
+def unsupported(config: Any) -> str | None:
+    """Why SGLang's resolved settings cannot run on this lane, or None."""
+    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
+
+    if sg.dp_size() > 1:
+        return "--dp-size > 1 is not served over the router's SGLang ZMQ lane: use the gRPC lane"
+    if sg.disaggregation_mode(config) != "null":
+        return "prefill/decode roles are not served over the router's SGLang ZMQ lane"
+    return None
+
+
+class _Stop(Exception):
+    """A signal while the ranks start: a stop, or SIGQUIT (a rank failed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Supervisor:
+    """The ranks after they started: watch them, drain them on a signal, tell the router."""
+
+    def __init__(self, launched: Any, relay: HandshakeRelay, drain_s: float) -> None:
+        self.launched = launched
+        self.relay = relay
+        self.drain_s = drain_s
+        self.stop_asked = False
+        self.quit_reason: str | None = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGQUIT:
+            self.quit_reason = "a scheduler rank reported a fatal error (SIGQUIT)"
+        else:
+            self.stop_asked = True
+
+    def _ranks(self) -> list[int]:
+        pids = {p.pid for p in self.launched.processes if p.pid} | set(self.launched.pids)
+        return sorted(pids)
+
+    def run(self) -> int:
+        drain_deadline: float | None = None
+        while True:
+            dead = self.quit_reason or self.launched.dead()
+            if dead is not None and drain_deadline is None:
+                told = self.relay.send_dead()
+                logger.error("%s: told the router (%d output socket(s))", dead, len(told))
+                return ExitCode.ENGINE_DIED
+            if dead is not None:
+                codes = [p.exitcode for p in self.launched.processes if p.exitcode is not None]
+                clean = all(code == 0 for code in codes)
+                logger.info("drained (%s)", dead if not clean else "every request finished")
+                return ExitCode.OK if clean else ExitCode.ENGINE_DIED
+            if self.stop_asked and drain_deadline is None:
+                drain_deadline = time.monotonic() + self.drain_s
+                logger.info("draining for up to %.0fs: new requests are refused", self.drain_s)
+                for pid in self._ranks():
+                    try:
+                        os.kill(pid, DRAIN_SIGNAL)
+                    except ProcessLookupError:
+                        continue
+            if drain_deadline is not None and time.monotonic() > drain_deadline:
+                logger.error("the drain ran out of time; the requests left are failed")
+                return ExitCode.ENGINE_DIED
+            time.sleep(WATCH_S)
+
+    def close(self) -> None:
+        from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
+
+        self.relay.send_dead()
+        sg.terminate(self.launched.processes, STOP_S, self.launched.pids)
+        if self.launched.load_reader is not None:
+            self.launched.load_reader.close()
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signum)
+
+
+def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
+    """Start the ranks aimed at the router, supervise them; the exit code."""
+    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
+
+    relay = HandshakeRelay(ours.zmq_handshake_address)
+    try:
+        # The ranks inherit this process's environment: the one way to hand them these.
+        os.environ[HANDSHAKE_ENV] = relay.address  # noqa: TID251
+        os.environ[ENGINE_INDEX_ENV] = str(ours.zmq_engine_index)  # noqa: TID251
+        try:
+            server_args = sg.prepare_server_args(server_argv)
+            port_args, config = sg.prepare(server_args)
+        except (ValueError, TypeError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return ExitCode.CONFIG
+        why = unsupported(config)
+        if why is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return ExitCode.CONFIG
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, _raise_stop)
+        logger.info(
+            "starting SGLang's scheduler for the router at %s (engine %d)",
+            ours.zmq_handshake_address,
+            ours.zmq_engine_index,
+        )
+        try:
+            launched = sg.launch_schedulers(server_args, port_args)
+        except (sg.SchedulerStartError, _Stop) as err:
+            stop = err if isinstance(err, _Stop) else err.__cause__
+            if isinstance(stop, _Stop) and stop.signum != signal.SIGQUIT:
+                return ExitCode.OK  # asked to stop while starting
+            logger.error("the scheduler could not start: %s", err)
+            return ExitCode.ENGINE_DIED
+        supervisor = Supervisor(launched, relay, ours.zmq_drain_timeout)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, supervisor.on_signal)
+        logger.info("the scheduler is registered with the router; serving")
+        try:
+            return supervisor.run()
+        finally:
+            supervisor.close()
+    finally:
+        relay.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        ours, rest = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
+    configure_logging("info")
+    return run(ours, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

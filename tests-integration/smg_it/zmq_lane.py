@@ -1,0 +1,158 @@
+"""The router's direct ZMQ lane under test: one of our headless launchers on an ``ipc://`` worker
+URL and the real router (``smg launch --backend ENGINE``) in front of it, plus the small waits and
+readers the lane tests share (vLLM: test_vllm_zmq_lane.py, SGLang: test_sglang_zmq_lane.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from smg_servicer_core.testing.process import WorkerProcess, start_worker
+from smg_servicer_core.testing.router import Router
+
+
+class Lane:
+    """``command`` (a headless launcher aimed at ``url``) and the router in front of it; the
+    router polls the worker's health and load every second."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        backend: str,
+        model: Path,
+        url: str,
+        *router_flags: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model = str(model)
+        self.url = url
+        self.engine: WorkerProcess = start_worker(command, 0, "", env)
+        self.router = Router(
+            url,
+            "--backend", backend,
+            "--model-path", self.model,
+            "--health-check-interval-secs", "1",
+            "--health-failure-threshold", "1",
+            "--load-monitor-interval", "1",  # what /get_loads shows (default: every 10 s)
+            *router_flags,
+            start_timeout_s=240,
+        )  # fmt: skip
+        try:
+            self.router.start()
+            self.router.wait_ready()
+        except BaseException:
+            self.engine.stop(5)
+            raise
+
+    def body(self, **fields: object) -> dict[str, object]:
+        return {"model": self.model, "temperature": 0, **fields}
+
+    def post(self, path: str, **fields: object) -> httpx.Response:
+        return httpx.post(self.router.base + path, json=self.body(**fields), timeout=60)
+
+    def worker(self) -> dict:
+        (worker,) = httpx.get(self.router.base + "/workers", timeout=10).json()["workers"]
+        return worker
+
+    def loads(self) -> list[dict]:
+        return httpx.get(self.router.base + "/get_loads", timeout=10).json()["loads"]
+
+    def stop(self) -> None:
+        self.router.stop()
+        self.engine.stop(60)
+
+
+def events(response: httpx.Response) -> Iterator[dict]:
+    """The JSON events of a streamed response (``data: [DONE]`` left out)."""
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[len("data: ") :])
+
+
+def until(check: Callable[[], object], timeout_s: float, what: str) -> float:
+    """Poll ``check`` every 50 ms until it is true (``what`` fails the test after
+    ``timeout_s``); the seconds it took."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, what
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def check_stream_and_non_stream_agree(lane: Lane, path: str) -> None:
+    """Chat or completions (``path``), streaming and not, greedy: the same text, finish and
+    usage."""
+    prompt = (
+        {"messages": [{"role": "user", "content": "Hi!"}]}
+        if path == "/v1/chat/completions"
+        else {"prompt": "Hello there"}
+    )
+    plain = lane.post(path, max_tokens=12, ignore_eos=True, **prompt)
+    assert plain.status_code == 200, plain.text
+    result = plain.json()
+    choice, usage = result["choices"][0], result["usage"]
+    assert (choice["finish_reason"], usage["completion_tokens"]) == ("length", 12)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 12
+    assert usage["prompt_tokens"] > 0
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    assert text
+
+    body = lane.body(
+        max_tokens=12, ignore_eos=True, stream=True, stream_options={"include_usage": True}
+    )
+    with httpx.stream("POST", lane.router.base + path, json={**body, **prompt}, timeout=60) as s:
+        assert s.status_code == 200
+        streamed_events = list(events(s))
+    pieces = [e["choices"][0] for e in streamed_events if e.get("choices")]
+    streamed = "".join((c.get("delta") or {}).get("content") or c.get("text") or "" for c in pieces)
+    assert streamed == text, "greedy: streaming and non-streaming give the same text"
+    assert [c.get("finish_reason") for c in pieces if c.get("finish_reason")] == ["length"]
+    assert [e["usage"]["completion_tokens"] for e in streamed_events if e.get("usage")] == [12]
+
+
+def check_structured_output_and_logprobs(lane: Lane) -> None:
+    """The router builds the grammar and the logprob request itself; the engine honours them."""
+    chat = {"messages": [{"role": "user", "content": "yes or no?"}]}
+    enum = {"type": "string", "enum": ["yes", "no"]}
+    constrained = lane.post(
+        "/v1/chat/completions",
+        max_tokens=10,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": enum}},
+        **chat,
+    )
+    assert constrained.status_code == 200, constrained.text
+    assert json.loads(constrained.json()["choices"][0]["message"]["content"]) in ("yes", "no")
+
+    scored = lane.post(
+        "/v1/chat/completions", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=2, **chat
+    )
+    assert scored.status_code == 200, scored.text
+    tokens = scored.json()["choices"][0]["logprobs"]["content"]
+    assert len(tokens) == 5
+    assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in tokens)
+
+
+def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
+    """The engine's load reaches the router (``/get_loads``, polled every second here): requests
+    running while clients stream, none once they have finished."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True)
+    seen: list[int] = []
+
+    def watch() -> bool:
+        seen.extend(load["num_running_reqs"] for load in lane.loads())
+        return any(seen)
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = [pool.submit(lane.post, "/v1/completions", **body) for _ in range(4)]
+        until(watch, 30, f"the router never saw a running request: {seen}")
+        assert all(r.result().status_code == 200 for r in replies)
+    until(
+        lambda: all(load["num_running_reqs"] == 0 for load in lane.loads()),
+        10,
+        f"the load stayed up after every request finished: {lane.loads()}",
+    )

@@ -1,0 +1,197 @@
+"""The router's direct ZMQ lane on SGLang: ``smg launch --worker-urls ipc://… --backend sglang`` in
+front of our headless launcher (``python -m smg_grpc_servicer.sglang.headless``) and SGLang's real
+scheduler on CPU. No Python between the router and the scheduler: the ``smg-zmq`` plugin makes the
+scheduler speak the router's frames itself; the launcher starts it, tells the router when it dies
+and drains it on SIGTERM.
+
+Chat and completions, streaming and not, with usage; structured output and logprobs; bad input (a
+4xx, the scheduler unharmed); the load the router reads; a client that disconnects (the scheduler
+stops the request); SIGTERM (the stream in flight finishes); engine death (the router is told at
+once)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from smg_it.paths import sglang_python
+from smg_it.zmq_lane import (
+    Lane,
+    check_stream_and_non_stream_agree,
+    check_structured_output_and_logprobs,
+    check_the_router_sees_the_load,
+    events,
+    until,
+)
+from smg_servicer_core.zmq_lane import handshake_port
+from smg_servicer_sglang.testing import CPU_ENV, headless_command
+
+pytestmark = pytest.mark.integration
+
+#: Longer than any wait below at the scheduler's CPU pace, inside the 1,024-token context.
+LONG = 900
+
+
+def sglang_lane(model: Path, sockets: Path) -> Lane:
+    url = f"ipc://{sockets}/engine"
+    # info: the lane's own lines (the router's aborts, requests ended by one) are in the log.
+    command = headless_command(model, url, "--log-level", "info", python=sglang_python())
+    return Lane(command, "sglang", model, url, env=CPU_ENV)
+
+
+def scheduler(lane: Lane) -> psutil.Process:
+    (rank,) = [p for p in lane.engine.children() if "sglang::scheduler" in " ".join(p.cmdline())]
+    return rank
+
+
+@pytest.fixture(scope="module")
+def lane(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lane]:
+    served = sglang_lane(tiny_model, tmp_path_factory.mktemp("zmq-sglang"))
+    yield served
+    served.stop()
+
+
+def test_the_scheduler_dials_the_port_the_router_derives(lane: Lane) -> None:
+    assert f"tcp://127.0.0.1:{handshake_port(lane.url)}" in lane.engine.tail(100_000)
+    assert "Executed general plugin: smg-zmq" in lane.engine.tail(100_000)
+    worker = lane.worker()
+    assert (worker["connection_mode"], worker["runtime_type"]) == ("zmq", "sglang")
+    assert worker["is_healthy"]
+    assert worker["model_id"] == lane.model
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_and_non_stream_agree_with_usage(lane: Lane, path: str) -> None:
+    check_stream_and_non_stream_agree(lane, path)
+
+
+def test_structured_output_and_logprobs_ride_the_lane(lane: Lane) -> None:
+    check_structured_output_and_logprobs(lane)
+
+
+@pytest.mark.parametrize(
+    ("path", "bad", "why"),
+    [
+        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}, "exceeds the maximum"),
+        (
+            "/generate",
+            {"input_ids": [5, 6, 10**6], "sampling_params": {"max_new_tokens": 4}},
+            "outside the vocabulary",
+        ),
+        ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "empty"),
+    ],
+    ids=["too-long", "unknown-token", "empty"],
+)
+def test_bad_input_is_a_400_and_the_scheduler_serves_on(
+    lane: Lane, path: str, bad: dict, why: str
+) -> None:
+    """The router forwards these unchecked; the scheduler's own check (too long) or the plugin's
+    (what SGLang's front end would refuse) ends the request with status 400, which the router
+    passes on; the scheduler never sees a token id it could not embed."""
+    refused = lane.post(path, **bad)
+    assert refused.status_code == 400, refused.text
+    assert why in refused.text
+    served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert served.status_code == 200, served.text
+    assert lane.engine.proc.poll() is None
+
+
+def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
+    """The load every output batch carries (running, waiting, KV tokens), back to none once the
+    last request has ended (its own output says so: an idle scheduler sends nothing more)."""
+    check_the_router_sees_the_load(lane, LONG)
+
+
+def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
+    """The router turns the disconnect into an ABORT frame; the scheduler ends the request by
+    abort (the plugin logs both), long before it could have run to its length."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        stream = events(s)
+        first = next(stream)
+        for _ in range(3):
+            next(stream)
+    rid = first["id"]
+    until(
+        lambda: f"request {rid} ended by abort" in lane.engine.tail(100_000),
+        10,
+        "the scheduler never ended the disconnected request by abort",
+    )
+    assert f"the router aborts {rid}" in lane.engine.tail(100_000)
+    served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert served.status_code == 200, served.text
+
+
+def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
+    """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
+    meanwhile is not served (the scheduler refuses it with 503, the router answers an error); the
+    launcher exits 0 and leaves nothing running; the router is told the worker is gone. Last in
+    this module: it stops the shared lane."""
+    rank = scheduler(lane)
+    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
+    answers: list[httpx.Response] = []
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
+        assert s.status_code == 200
+        stream = events(s)
+        got = [next(stream) for _ in range(5)]
+        lane.engine.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
+            answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
+        got += list(stream)
+    pieces = [e["choices"][0] for e in got if e.get("choices")]
+    assert [c.get("finish_reason") for c in pieces if c.get("finish_reason")] == ["length"]
+    assert answers[-1].status_code >= 500, answers[-1].text
+    assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
+    _, alive = psutil.wait_procs([rank], timeout=10)
+    assert not alive, f"left running: {alive}"
+    log = lane.engine.tail(100_000)
+    assert "the worker is shutting down" in log
+    assert "drained (every request finished)" in log
+    until(lambda: not lane.worker()["is_healthy"], 5, "the router kept the drained worker")
+
+
+def test_engine_death_is_told_to_the_router_at_once(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A killed scheduler sends nothing; the launcher tells the router for it: the stream in
+    flight ends with an error, the next request fails, the router takes the worker out of
+    rotation, and the launcher exits 1 with nothing left running."""
+    lane = sglang_lane(tiny_model, tmp_path_factory.mktemp("zmq-sglang-death"))
+    try:
+        rank = scheduler(lane)
+        body = lane.body(prompt="Tell me a story", max_tokens=LONG, ignore_eos=True, stream=True)
+        ended = threading.Event()
+        lines: list[str] = []
+
+        def stream() -> None:
+            url = lane.router.base + "/v1/completions"
+            with httpx.stream("POST", url, json=body, timeout=60) as s:
+                for line in s.iter_lines():
+                    lines.append(line)
+            ended.set()
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        until(lambda: len(lines) >= 5 or ended.is_set(), 30, "the stream never started")
+        everything = lane.engine.children()
+        rank.kill()
+        assert ended.wait(5), "the stream did not end after the scheduler died"
+        assert '"finish_reason":"length"' not in "".join(lines), "a killed scheduler finished it"
+        assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
+        assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
+        refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+        assert refused.status_code >= 500, refused.text
+        until(lambda: not lane.worker()["is_healthy"], 5, "the router kept the dead worker")
+        _, alive = psutil.wait_procs(everything, timeout=10)
+        assert not alive, f"left running: {alive}"
+    finally:
+        lane.stop()
