@@ -11,23 +11,21 @@ once)."""
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from smg_it.paths import sglang_python
 from smg_it.zmq_lane import (
     Lane,
+    check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
     check_the_router_sees_the_load,
-    events,
+    kill_mid_stream,
+    sigterm_mid_stream,
     until,
 )
 from smg_servicer_core.zmq_lane import handshake_port
@@ -110,24 +108,10 @@ def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
 
 
 def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
-    """The router turns the disconnect into an ABORT frame; the scheduler ends the request by
-    abort (the plugin logs both), long before it could have run to its length."""
-    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
-    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
-        assert s.status_code == 200
-        stream = events(s)
-        first = next(stream)
-        for _ in range(3):
-            next(stream)
-    rid = first["id"]
-    until(
-        lambda: f"request {rid} ended by abort" in lane.engine.tail(100_000),
-        10,
-        "the scheduler never ended the disconnected request by abort",
-    )
-    assert f"the router aborts {rid}" in lane.engine.tail(100_000)
-    served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
-    assert served.status_code == 200, served.text
+    """The router's ABORT reaches the scheduler, which ends the request by abort (the plugin logs
+    both)."""
+    rid = check_a_disconnect_aborts(lane, LONG)
+    assert f"request {rid} ended by abort" in lane.engine.tail(100_000)
 
 
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
@@ -136,19 +120,8 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     launcher exits 0 and leaves nothing running; the router is told the worker is gone. Last in
     this module: it stops the shared lane."""
     rank = scheduler(lane)
-    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
-    answers: list[httpx.Response] = []
-    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
-        assert s.status_code == 200
-        stream = events(s)
-        got = [next(stream) for _ in range(5)]
-        lane.engine.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
-            answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
-        got += list(stream)
-    pieces = [e["choices"][0] for e in got if e.get("choices")]
-    assert [c.get("finish_reason") for c in pieces if c.get("finish_reason")] == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, LONG)
+    assert finishes == ["length"]
     assert answers[-1].status_code >= 500, answers[-1].text
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs([rank], timeout=10)
@@ -167,31 +140,7 @@ def test_engine_death_is_told_to_the_router_at_once(
     rotation, and the launcher exits 1 with nothing left running."""
     lane = sglang_lane(tiny_model, tmp_path_factory.mktemp("zmq-sglang-death"))
     try:
-        rank = scheduler(lane)
-        body = lane.body(prompt="Tell me a story", max_tokens=LONG, ignore_eos=True, stream=True)
-        ended = threading.Event()
-        lines: list[str] = []
-
-        def stream() -> None:
-            url = lane.router.base + "/v1/completions"
-            with httpx.stream("POST", url, json=body, timeout=60) as s:
-                for line in s.iter_lines():
-                    lines.append(line)
-            ended.set()
-
-        reader = threading.Thread(target=stream, daemon=True)
-        reader.start()
-        until(lambda: len(lines) >= 5 or ended.is_set(), 30, "the stream never started")
-        everything = lane.engine.children()
-        rank.kill()
-        assert ended.wait(5), "the stream did not end after the scheduler died"
-        assert '"finish_reason":"length"' not in "".join(lines), "a killed scheduler finished it"
-        assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
+        kill_mid_stream(lane, scheduler(lane), LONG)
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
-        refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
-        assert refused.status_code >= 500, refused.text
-        until(lambda: not lane.worker()["is_healthy"], 5, "the router kept the dead worker")
-        _, alive = psutil.wait_procs(everything, timeout=10)
-        assert not alive, f"left running: {alive}"
     finally:
         lane.stop()

@@ -8,22 +8,20 @@ SIGTERM (the stream in flight finishes); engine death (the router is told at onc
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from smg_it.zmq_lane import (
     Lane,
+    check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
     check_the_router_sees_the_load,
-    events,
+    kill_mid_stream,
+    sigterm_mid_stream,
     until,
 )
 from smg_servicer_core.zmq_lane import handshake_port
@@ -111,6 +109,11 @@ def test_the_router_sees_the_engines_load(lane: Lane) -> None:
     check_the_router_sees_the_load(lane, LONG)
 
 
+def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
+    """The router's abort reaches the core (the launcher's guard logs it)."""
+    check_a_disconnect_aborts(lane, LONG)
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
     meanwhile is refused with an error (vLLM's own drain answers it "abort" with no text, which
@@ -118,19 +121,8 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     is told the worker is gone."""
     cores = engine_cores(lane)
     assert cores, "no engine core under the launcher"
-    body = lane.body(prompt="Tell me a long story", max_tokens=600, ignore_eos=True, stream=True)
-    answers: list[httpx.Response] = []
-    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
-        assert s.status_code == 200
-        stream = events(s)
-        got = [next(stream) for _ in range(5)]
-        lane.engine.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
-            answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
-        got += list(stream)
-    pieces = [e["choices"][0] for e in got if e.get("choices")]
-    assert [c.get("finish_reason") for c in pieces if c.get("finish_reason")] == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, 600)
+    assert finishes == ["length"]
     assert answers[-1].status_code == 500, answers[-1].text
     assert "with an error" in answers[-1].text
     served = [a.json()["choices"][0]["finish_reason"] for a in answers[:-1]]
@@ -152,37 +144,8 @@ def test_engine_death_is_told_to_the_router_at_once(
     lane = vllm_lane(tiny_model, tmp_path_factory.mktemp("zmq-death"))
     try:
         (core,) = engine_cores(lane)
-        body = lane.body(prompt="Tell me a story", max_tokens=LONG, ignore_eos=True, stream=True)
-        ended = threading.Event()
-        lines: list[str] = []
-
-        def stream() -> None:
-            url = lane.router.base + "/v1/completions"
-            with httpx.stream("POST", url, json=body, timeout=60) as s:
-                for line in s.iter_lines():
-                    lines.append(line)
-            ended.set()
-
-        reader = threading.Thread(target=stream, daemon=True)
-        reader.start()
-        until(lambda: len(lines) >= 5, 30, "the stream never started")
-        workers = lane.engine.children()
-        core.kill()
-        killed = time.monotonic()
-        assert ended.wait(5), "the stream did not end after the engine died"
-        assert "length" not in "".join(lines[-3:]), "a killed engine cannot finish the stream"
-        assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
-        told = time.monotonic() - killed
-        refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
-        assert refused.status_code >= 500, refused.text
-        until(
-            lambda: not lane.worker()["is_healthy"],
-            5,
-            "the router kept the dead worker healthy",
-        )
-        _, alive = psutil.wait_procs(workers, timeout=10)
-        assert not alive, f"left running: {alive}"
-        assert "ENGINE_CORE_DEAD" in lane.engine.tail(100_000), told
+        kill_mid_stream(lane, core, LONG)
+        assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
     finally:
         lane.stop()
 

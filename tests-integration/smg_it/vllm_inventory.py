@@ -450,6 +450,7 @@ def _uses() -> list[Use]:
         u(f"{serve}.cmd", "headless.py: run() (runs run_headless for --headless)", 1),
         u("vllm.entrypoints.cli.serve:run_headless", "headless.py: what cmd runs", 1),
         u(f"{core}.preprocess_add_request", "headless.py: guard_engine_core() wraps it", 1),
+        u(f"{core}.abort_requests", "headless.py: guard_engine_core() logs the aborts", 1),
         u(f"{core}Proc._handle_request_preproc_error", "headless.py: ends a refused request", 1),
         u(f"{core}Proc._handle_shutdown", "headless.py: SIGTERM drains (--shutdown-timeout)", 0),
         u(f"{core}Proc._reject_add_in_shutdown", "headless.py: replaced (an error, not abort)", 1),

@@ -5,12 +5,15 @@ readers the lane tests share (vLLM: test_vllm_zmq_lane.py, SGLang: test_sglang_z
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 
 from smg_servicer_core.testing.process import WorkerProcess, start_worker
 from smg_servicer_core.testing.router import Router
@@ -156,3 +159,74 @@ def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
         10,
         f"the load stayed up after every request finished: {lane.loads()}",
     )
+
+
+def check_a_disconnect_aborts(lane: Lane, long: int) -> str:
+    """A client that goes away after a few chunks: the router sends the engine an abort for its
+    request (the launcher's engine logs it), long before the request could have run to its
+    length, and the engine serves the next request. The request id."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        stream = events(s)
+        rid = next(stream)["id"]
+        for _ in range(3):
+            next(stream)
+    until(
+        lambda: f"the router aborts {rid}" in lane.engine.tail(100_000),
+        10,
+        f"the engine was never told that the client of {rid} left",
+    )
+    served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert served.status_code == 200, served.text
+    return rid
+
+
+def sigterm_mid_stream(lane: Lane, long: int) -> tuple[list[dict], list[httpx.Response]]:
+    """Stream a ``long`` completion; after its first chunks SIGTERM the launcher and post short
+    requests until one is refused (for up to 10 s). The stream's finish reasons and the posts'
+    answers, in order."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
+    answers: list[httpx.Response] = []
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
+        assert s.status_code == 200
+        stream = events(s)
+        got = [next(stream) for _ in range(5)]
+        lane.engine.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
+            answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
+        got += list(stream)
+    pieces = [e["choices"][0] for e in got if e.get("choices")]
+    return [c["finish_reason"] for c in pieces if c.get("finish_reason")], answers
+
+
+def kill_mid_stream(lane: Lane, victim: psutil.Process, long: int) -> list[str]:
+    """Stream a ``long`` completion in the background and SIGKILL ``victim`` (an engine process)
+    after its first chunks; then the stream must end within 5 s and the launcher exit 1 with
+    nothing left running, the next request fail, and the router take the worker out. The
+    stream's lines."""
+    body = lane.body(prompt="Tell me a story", max_tokens=long, ignore_eos=True, stream=True)
+    ended = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        url = lane.router.base + "/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                lines.append(line)
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    until(lambda: len(lines) >= 5, 30, "the stream never started")
+    everything = lane.engine.children()
+    victim.kill()
+    assert ended.wait(5), "the stream did not end after the engine died"
+    assert '"finish_reason":"length"' not in "".join(lines), "a killed engine cannot finish it"
+    assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
+    refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert refused.status_code >= 500, refused.text
+    until(lambda: not lane.worker()["is_healthy"], 5, "the router kept the dead worker healthy")
+    _, alive = psutil.wait_procs(everything, timeout=10)
+    assert not alive, f"left running: {alive}"
+    return lines

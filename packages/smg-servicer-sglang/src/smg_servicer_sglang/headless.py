@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
@@ -49,6 +50,8 @@ DRAIN_S = 30.0
 WATCH_S = 0.05
 #: How long a rank has to stop before it is killed.
 STOP_S = 2.0
+#: Where SGLang looks for plugins, and ours (smg-servicer-sglang's pyproject.toml).
+PLUGIN_GROUP, PLUGIN_NAME = "sglang.srt.plugins", "smg-zmq"
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -82,6 +85,18 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if ours.zmq_drain_timeout < 0:
         raise ValueError("--zmq-drain-timeout must be >= 0")
     return ours, rest
+
+
+def plugin_missing() -> str | None:
+    """Why SGLang would not load our ``smg-zmq`` plugin in its scheduler, or None: without it the
+    scheduler would start in its usual mode and never dial the router."""
+    found = [ep for ep in entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
+    if not found:
+        return (
+            f"the {PLUGIN_NAME} SGLang plugin ({PLUGIN_GROUP} entry point) is not installed in "
+            "this environment: reinstall smg-servicer-sglang"
+        )
+    return None
 
 
 def unsupported(config: Any) -> str | None:
@@ -177,7 +192,7 @@ def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
         except (ValueError, TypeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return ExitCode.CONFIG
-        why = unsupported(config)
+        why = unsupported(config) or plugin_missing()
         if why is not None:
             print(f"error: {why}", file=sys.stderr)
             return ExitCode.CONFIG
@@ -199,6 +214,14 @@ def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
         supervisor = Supervisor(launched, relay, ours.zmq_drain_timeout)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(sig, supervisor.on_signal)
+        if not relay.outputs():  # the scheduler is ready only once it has registered
+            supervisor.close()
+            logger.error(
+                "the scheduler started without dialing the router: SGLang did not run the %s "
+                "plugin in it (SGLANG_PLATFORM? a failed load?)",
+                PLUGIN_NAME,
+            )
+            return ExitCode.ENGINE_DIED
         logger.info("the scheduler is registered with the router; serving")
         try:
             return supervisor.run()

@@ -239,12 +239,16 @@ class OutputSender:
     SGLang's ``SenderWrapper``), in both of its sender slots. Made before the model loads (the
     scheduler hands it to its components), attached to the PUSH socket at the handshake. It keeps
     the requests in flight (:attr:`live`), which a drain waits for. Runs on the scheduler's loop,
-    so it never raises: an output it cannot relay ends its requests with an error instead."""
+    so it never raises: an output it cannot relay ends its requests with an error instead, and
+    the request source aborts them in the scheduler (:attr:`unrelayed`)."""
 
     def __init__(self) -> None:
         self.socket: zmq.Socket[bytes] | None = None
         self.engine_index = 0
         self.live: set[str] = set()
+        #: Requests ended on the router's side whose output could not be relayed: the request
+        #: source's next drain aborts them in the scheduler too.
+        self.unrelayed: list[str] = []
         self._probe: Callable[[], Any] | None = None
         self._load: tuple[float, dict[str, int]] = (0.0, {})
 
@@ -303,6 +307,7 @@ class OutputSender:
             rids = list(getattr(output, "rids", None) or [getattr(output, "rid", None) or ""])
             logger.exception("a %s could not be relayed to the router", type(output).__name__)
             for rid in filter(None, rids):
+                self.unrelayed.append(rid)
                 try:
                     self.send_abort(rid, "the engine's output could not be relayed", None)
                 except zmq.ZMQError:
@@ -446,6 +451,9 @@ class RequestSource:
     def drain(self, limit: int) -> list[Any]:
         """Every request waiting (at most ``limit``; <0: no limit) as the scheduler's structs."""
         received: list[Any] = []
+        if self.sender.unrelayed:
+            received.extend(_engine().AbortReq(rid=rid) for rid in self.sender.unrelayed)
+            self.sender.unrelayed.clear()
         while limit < 0 or len(received) < limit:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)

@@ -61,6 +61,8 @@ from smg_servicer_core.zmq_lane import (
 )
 
 logger = logging.getLogger(__name__)
+#: In the engine cores, under vLLM's own logger (this launcher's logging is not theirs).
+_core_log = logging.getLogger("vllm.smg_zmq_lane")
 
 #: The drain a SIGTERM gets when ``--shutdown-timeout`` is not given (vLLM's default, 0, aborts
 #: what is in flight).
@@ -116,7 +118,8 @@ def guard_engine_core() -> None:
       the model;
     - one that arrives while the core drains is ended with an error, not vLLM's abort: the
       router answers an aborted request 200 with no text, so a client would take the refusal
-      for an empty answer."""
+      for an empty answer;
+    - the router's aborts (a client gone) are logged, as vLLM's front end logs its own."""
     from smg_servicer_vllm._engine import engine_core_classes  # noqa: PLC0415 - in a core only
 
     core, proc, state = engine_core_classes()
@@ -146,8 +149,16 @@ def guard_engine_core() -> None:
         self._send_error_outputs_to_client([request.request_id], request.client_index)
         return True
 
+    aborts = core.abort_requests
+
+    def abort_requests(self: Any, request_ids: list[str]) -> Any:
+        if request_ids:
+            _core_log.info("the router aborts %s", ", ".join(map(str, request_ids)))
+        return aborts(self, request_ids)
+
     setattr(preprocess_add_request, _GUARDED, True)
     core.preprocess_add_request = preprocess_add_request
+    core.abort_requests = abort_requests
     proc._reject_add_in_shutdown = _reject_add_in_shutdown
 
 

@@ -1,0 +1,69 @@
+"""The SGLang ZMQ-lane launcher's refusals, before any scheduler starts: its own flags (exit 2,
+one line), and the shapes the router's SGLang ZMQ client does not serve. The launcher serving
+behind the real router: tests-integration/test_sglang_zmq_lane.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from smg_servicer_core.zmq_lane import handshake_port
+from smg_servicer_sglang import headless
+from smg_servicer_sglang.testing import CPU_FLAGS
+
+
+@pytest.mark.unit
+def test_our_flags_are_taken_and_the_rest_left_to_sglang() -> None:
+    ours, rest = headless.parse(
+        ["--zmq-worker-url", "ipc:///run/smg/a", "--model-path", "m", "--zmq-engine-index", "3"]
+    )
+    assert ours.zmq_handshake_address == f"tcp://127.0.0.1:{handshake_port('ipc:///run/smg/a')}"
+    assert (ours.zmq_engine_index, ours.zmq_drain_timeout) == (3, headless.DRAIN_S)
+    assert rest == ["--model-path", "m"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--model-path", "m"], "name the router's handshake"),
+        (["--zmq-worker-url", "tcp://127.0.0.1:5"], "ipc://PATH"),
+        (["--zmq-handshake-address", "tcp://h:1", "--zmq-engine-index", "70000"], "0..65535"),
+        (["--zmq-handshake-address", "tcp://h:1", "--zmq-drain-timeout", "-1"], ">= 0"),
+    ],
+)
+def test_a_bad_flag_of_ours_is_a_configuration_error(
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert headless.main(argv) == 2
+    assert why in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_the_plugin_sglang_needs_is_installed_here() -> None:
+    assert headless.plugin_missing() is None
+
+
+@pytest.mark.engine  # SGLang resolves its settings against the tiny model
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--dp-size", "2"], "--dp-size > 1 is not served"),
+        (["--disaggregation-mode", "decode"], "prefill/decode roles are not served"),
+    ],
+)
+def test_a_shape_the_lane_does_not_serve_is_refused_before_a_scheduler_starts(
+    tiny_model: Path, extra: list[str], why: str
+) -> None:
+    command = [
+        sys.executable, "-m", "smg_servicer_sglang.headless",
+        "--zmq-handshake-address", "tcp://127.0.0.1:9",
+        "--model-path", str(tiny_model), *CPU_FLAGS, *extra,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"error: {why}" in done.stderr
+    assert "starting SGLang's scheduler" not in done.stderr
