@@ -56,9 +56,14 @@ from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
 from smg_servicer_core.zmq_lane import (
+    ENGINE_CORE_DEAD,
     HandshakeRelay,
     handshake_address,
+    handshake_port,
 )
+
+# 0.5.5 defined these here; they live in core's zmq_lane now (shared with the SGLang launcher).
+__all__ = ["ENGINE_CORE_DEAD", "HandshakeRelay", "guard_engine_core", "handshake_port", "main"]
 
 logger = logging.getLogger(__name__)
 #: In the engine cores, under vLLM's own logger (this launcher's logging is not theirs).
