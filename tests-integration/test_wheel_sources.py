@@ -1,6 +1,6 @@
-""":mod:`smg_it.wheel_sources` (the conformance tests' wheel reader), without the network: a
-wheel built here, served by a loopback index that answers Range requests (contract), and the
-``ast`` questions on a cache folder written by hand (unit)."""
+""":mod:`smg_it.wheel_fetch` and :mod:`smg_it.wheel_sources` (the conformance tests' wheel
+reader), without the network: a wheel built here, served by a loopback index that answers Range
+requests (contract), and the ``ast`` questions on a cache folder written by hand (unit)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 
-from smg_it import wheel_sources
+from smg_it import wheel_fetch, wheel_sources
 from smg_it.wheel_sources import (
     CLASS,
     EXTERNAL,
@@ -151,8 +151,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[Index]:
     server = Index(wheel_bytes())
     monkeypatch.setenv("no_proxy", "127.0.0.1")
-    monkeypatch.setattr(wheel_sources, "INDEX_URL", f"{server.url}/simple/{{project}}/")
-    monkeypatch.setattr(wheel_sources, "BACKOFF_S", 0.0)
+    monkeypatch.setattr(wheel_fetch, "INDEX_URL", f"{server.url}/simple/{{project}}/")
+    monkeypatch.setattr(wheel_fetch, "BACKOFF_S", 0.0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
