@@ -73,8 +73,7 @@ def register() -> None:
     """The entry point: hook the scheduler when this process belongs to the lane."""
     if handshake_address() is None:
         return
-    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415 - SGLang, under the lane only
-
+    sg = zmq_wire.sglang()  # SGLang, imported under the lane only
     registry, around, after = sg.hook_registry, sg.hook_type.AROUND, sg.hook_type.AFTER
     registry.register(f"{_CHANNELS}.create", create_channels, around)
     registry.register(f"{_SCHEDULER}.init_idle_sleeper", init_idle_sleeper, around)
@@ -120,8 +119,7 @@ def ready_response(scheduler: Any) -> zmq_wire.ReadyResponse:
     config = scheduler.model_config
     page = int(getattr(scheduler, "page_size", 1) or 1)
     tokens = int(getattr(scheduler, "max_total_num_tokens", 0) or 0)
-    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
-
+    sg = zmq_wire.sglang()
     return zmq_wire.ReadyResponse(
         max_model_len=int(config.context_len),
         num_gpu_blocks=tokens // page,
@@ -159,14 +157,13 @@ def dial_router(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     _lane.source = source
     scheduler.recv_from_tokenizer = source
     if getattr(scheduler.server_args, "sleep_on_idle", False):
-        from smg_servicer_sglang._sglang import IdleSleeper  # noqa: PLC0415
-
+        sleeper = zmq_wire.sglang().IdleSleeper
         try:
-            scheduler.idle_sleeper = IdleSleeper(
+            scheduler.idle_sleeper = sleeper(
                 sockets=[source.socket], can_empty_cache=lambda: not scheduler._engine_paused
             )
         except TypeError:  # 0.5.20: no can_empty_cache
-            scheduler.idle_sleeper = IdleSleeper(sockets=[source.socket])
+            scheduler.idle_sleeper = sleeper(sockets=[source.socket])
     return None
 
 

@@ -137,7 +137,7 @@ class ControlReply(msgspec.Struct, tag="ControlReplySlim", array_like=True):
     engine_index: int = 0
 
 
-def _engine() -> Any:
+def sglang() -> Any:
     """SGLang's names (:mod:`smg_servicer_sglang._sglang`, the one module that imports SGLang),
     imported on first use: this module loads without SGLang."""
     from smg_servicer_sglang import _sglang  # noqa: PLC0415
@@ -314,7 +314,7 @@ class OutputSender:
                     logger.warning("the router is gone: request %s not told", rid)
 
     def _relay(self, output: Any, recv_obj: object | None) -> None:
-        sg = _engine()
+        sg = sglang()
         if isinstance(output, sg.BatchTokenIDOutput):
             for rid, reason in zip(output.rids or [], output.finished_reasons or [], strict=False):
                 if reason:
@@ -369,7 +369,7 @@ class SamplingLayout:
 
 def sampling_layout() -> SamplingLayout:
     """The running release's layout (its ``SamplingParams`` struct)."""
-    params: Any = _engine().SamplingParams
+    params: Any = sglang().SamplingParams
     defaults: dict[str, Any] = {}
     for field in msgspec.structs.fields(params):
         if field.default is not msgspec.NODEFAULT:
@@ -382,7 +382,7 @@ def sampling_layout() -> SamplingLayout:
 def _request_decoder() -> msgspec.msgpack.Decoder[Any]:
     """SGLang's own request decoder (its structs, its hooks), widened to take the router's token
     ids as a plain integer array where SGLang's tokenizer manager sends an ``array('q')``."""
-    sg = _engine()
+    sg = sglang()
 
     def widened(tp: type, obj: object) -> object:
         if tp is array and isinstance(obj, list):
@@ -429,7 +429,7 @@ class RequestSource:
 
     def refusal(self, req: Any) -> str | None:
         """Why the scheduler must not see ``req`` (what SGLang's front end would refuse)."""
-        if not isinstance(req, _engine().TokenizedGenerateReqInput):
+        if not isinstance(req, sglang().TokenizedGenerateReqInput):
             return "only generation requests are served on this lane"
         ids = req.input_ids
         if ids is None or len(ids) == 0:
@@ -452,7 +452,7 @@ class RequestSource:
         """Every request waiting (at most ``limit``; <0: no limit) as the scheduler's structs."""
         received: list[Any] = []
         if self.sender.unrelayed:
-            received.extend(_engine().AbortReq(rid=rid) for rid in self.sender.unrelayed)
+            received.extend(sglang().AbortReq(rid=rid) for rid in self.sender.unrelayed)
             self.sender.unrelayed.clear()
         while limit < 0 or len(received) < limit:
             try:
@@ -466,7 +466,7 @@ class RequestSource:
         return received
 
     def _decode(self, frames: list[bytes]) -> list[Any]:
-        sg = _engine()
+        sg = sglang()
         kind, payload = frames[0], frames[1] if len(frames) > 1 else b""
         if kind == ABORT:
             rids = _ABORT_IDS.decode(payload)
@@ -506,7 +506,7 @@ class RequestSource:
         call_id, method, args = _CONTROL.decode(payload)
         if method == "flush_cache":
             timeout = float(args[0]) if args and args[0] is not None else None
-            return [_engine().FlushCacheReqInput(rid=f"{CONTROL_RID}{call_id}", timeout_s=timeout)]
+            return [sglang().FlushCacheReqInput(rid=f"{CONTROL_RID}{call_id}", timeout_s=timeout)]
         self.sender.send_control_reply(call_id, False, f"{method} is not served on this lane")
         return []
 
