@@ -88,6 +88,11 @@ def _uses() -> list[Use]:
         u("vllm:SamplingParams", "_engine.py: greedy_params()", 0, *_GREEDY),
         u("vllm:TokensPrompt", "_engine.py: tokens_prompt()", 0, "prompt_token_ids"),
         Use("vllm:TokensPrompt.prompt", "_engine.py: tokens_prompt() sets the key", read=True),
+        Use(
+            "vllm:TokensPrompt.cache_salt",
+            "_engine.py: tokens_prompt() sets the key (servicer.py: an image's decode side)",
+            read=True,
+        ),
         u("vllm:PoolingParams", "_engine.py: embed_params()", 0, "task"),
         *read("vllm.sampling_params:RequestOutputKind", "_engine.py", "DELTA", "FINAL_ONLY"),
         u(
@@ -127,7 +132,7 @@ def _uses() -> list[Use]:
         ),
         *read(
             "vllm.inputs.engine:MultiModalInput",
-            "_mm_engine.py, mm_sidecar/process.py: the engine input's keys",
+            "_mm_engine.py, mm_sidecar/process.py, media_identity.py: the engine input's keys",
             "prompt_token_ids",
             "mm_kwargs",
             "mm_hashes",

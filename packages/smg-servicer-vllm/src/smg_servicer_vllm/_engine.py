@@ -38,10 +38,12 @@ def sampling_params(spec: SamplingSpec, *, stream: bool, kv_transfer: dict[str, 
     )
 
 
-def tokens_prompt(input_ids: list[int], text: str = "") -> Any:
+def tokens_prompt(input_ids: list[int], text: str = "", cache_salt: str = "") -> Any:
     prompt = TokensPrompt(prompt_token_ids=input_ids)
     if text:
         prompt["prompt"] = text
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
     return prompt
 
 

@@ -56,6 +56,7 @@ from smg_servicer_vllm import releases
 from smg_servicer_vllm._mm_layouts import ItemLayout, item_layouts
 from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
+    MAX_HASH_CHARS,
     MODALITY_NAMES,
     MediaItem,
     accepted_schemes,
@@ -256,10 +257,6 @@ def _batch(
             )
     ranges = _placeholders(batch, where, ids, expected, facts.max_embeds.get(modality))
     return modality, items, hashes, ranges
-
-
-#: The longest ``mm_hashes`` entry taken (the router's are 64 hex digits).
-MAX_HASH_CHARS = 256
 
 
 def _same_item(a: Any, b: Any) -> bool:

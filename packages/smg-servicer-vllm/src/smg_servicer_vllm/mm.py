@@ -25,6 +25,8 @@ from smg_servicer_vllm.mm_settings import MmSettings
 #: ``Modality`` enum value of the wire -> vLLM's modality name (UNSPECIFIED means image).
 MODALITY_NAMES: dict[int, str] = {0: "image", 1: "image", 2: "audio", 3: "video"}
 REMOTE_SCHEMES = ("http", "https", "data")
+#: The longest ``mm_hashes`` entry taken (the router's are 64 hex digits).
+MAX_HASH_CHARS = 256
 
 
 @dataclass(frozen=True)

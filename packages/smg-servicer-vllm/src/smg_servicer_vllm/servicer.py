@@ -54,7 +54,16 @@ from smg_servicer_core.registry import RequestHandle
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.stream import coalescing
 from smg_servicer_kv_bridge import subscription
-from smg_servicer_vllm import _engine, convert, info, kv_events, kv_transfer, logs, releases
+from smg_servicer_vllm import (
+    _engine,
+    convert,
+    info,
+    kv_events,
+    kv_transfer,
+    logs,
+    media_identity,
+    releases,
+)
 from smg_servicer_vllm.errors import Translated, translated
 from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
@@ -102,6 +111,18 @@ async def _unless_stopped(work: Coroutine[Any, Any, Any], handle: RequestHandle)
 def trace_headers(context: Context) -> dict[str, str] | None:
     found = {str(k): str(v) for k, v in (context.invocation_metadata() or ()) if k in TRACE_KEYS}
     return found or None
+
+
+def _identity(request_id: str, engine_input: Any) -> pb.MediaIdentity | None:
+    """The prefill side's ``media_identity`` (:mod:`.media_identity`); None, with a warning, when
+    the engine input does not read as expected (the decode side then processes the media)."""
+    try:
+        return media_identity.identity_of(engine_input)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning(
+            "request %s: no media identity for the decode side (%s)", request_id, type(exc).__name__
+        )
+        return None
 
 
 def _chunk(delta: list[int], common: dict[str, Any]) -> pb.GenerateResponse:
@@ -208,11 +229,12 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
 
     # Generate ----------------------------------------------------------------------------------
 
-    def _prompt(self, request: pb.GenerateRequest) -> Any:
+    def _prompt(self, request: pb.GenerateRequest, kv: dict[str, Any] | None) -> Any:
         """The request's prompt, checked before anything else (client faults only): vLLM's text
         or tokens prompt, or for a multimodal request its :class:`MediaPlan` (media fetched and
-        tensors read once the request is tracked). A refused request's unread shared-memory
-        tensors are freed."""
+        tensors read once the request is tracked). A decode-side request of a prefill/decode
+        split may carry its media's identity without pixels (:mod:`.media_identity`). A refused
+        request's unread shared-memory tensors are freed."""
         try:
             kind = request.WhichOneof("input")
             media = request.HasField("media_refs") or has_tensors(request)
@@ -220,9 +242,12 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 ids = list(request.tokenized.input_ids)
                 mc = self.engine.model_config
                 validate.prompt(ids, int(mc.get_vocab_size()), int(mc.max_model_len))
+                text = request.tokenized.original_text
+                if media_identity.pixel_less(request) and not request.HasField("media_refs"):
+                    return self._decode_side_prompt(request, ids, text, kv)
                 if media:
                     return self.multimodal.plan(request, ids)
-                return _engine.tokens_prompt(ids, request.tokenized.original_text)
+                return _engine.tokens_prompt(ids, text)
             if media:
                 raise InvalidRequest(
                     "multimodal input needs tokenized input (with its placeholders)"
@@ -233,6 +258,21 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         except InvalidRequest:
             self.multimodal.release(request)
             raise
+
+    def _decode_side_prompt(
+        self, request: pb.GenerateRequest, ids: list[int], text: str, kv: dict[str, Any] | None
+    ) -> Any:
+        if not self.multimodal.facts.supported:
+            raise InvalidRequest("this model accepts no multimodal input")
+        if not media_identity.remote_prefill(kv):
+            raise InvalidRequest(
+                "mm_inputs: pixel_values is missing (a request without pixels is served only on "
+                "the decode side of a prefill/decode split: kv_transfer_params with "
+                "do_remote_prefill)"
+            )
+        salt = media_identity.decode_salt(request, ids)
+        self.multimodal.release(request)  # the grid tensors' shared memory: nothing reads it
+        return _engine.tokens_prompt(ids, text, cache_salt=salt)
 
     @grpc_errors
     async def Generate(
@@ -251,7 +291,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         try:
             # Media are fetched and tensors built while the request is tracked, so that an Abort
             # or a cancel during that work stops it; every check comes before anything else.
-            prompt = self._prompt(request)
+            prompt = self._prompt(request, kv)
             try:
                 spec = to_sampling_spec(request.sampling_params)
                 with translated(building_request=True):
@@ -260,9 +300,13 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 self.multimodal.release(request)  # refused: nobody reads its tensors now
                 raise
             choices: dict[int, _Choice] = {}
+            identity: pb.MediaIdentity | None = None
             async with self.registry.track(request.request_id) as handle:
                 if isinstance(prompt, MediaPlan):
-                    prompt = await _unless_stopped(self.multimodal.engine_input(prompt), handle)
+                    plan = prompt
+                    prompt = await _unless_stopped(self.multimodal.engine_input(plan), handle)
+                    if plan.items and kv is not None and kv.get("do_remote_decode"):
+                        identity = _identity(request.request_id, prompt)
                 stream = self.engine.generate(
                     prompt,
                     params,
@@ -278,7 +322,9 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                         entered = True
                         async for output in stream:
                             stage.building_request = False  # vLLM accepted the request
-                            for response in self._responses(output, request.stream, spec, choices):
+                            for response in self._responses(
+                                output, request.stream, spec, choices, identity
+                            ):
                                 yield response
                 if handle.aborted and not all(c.done for c in choices.values()):
                     raise Aborted(f"request {request.request_id} was aborted")
@@ -314,7 +360,12 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             )  # fmt: skip
 
     def _responses(
-        self, output: Any, stream: bool, spec: SamplingSpec, choices: dict[int, _Choice]
+        self,
+        output: Any,
+        stream: bool,
+        spec: SamplingSpec,
+        choices: dict[int, _Choice],
+        identity: pb.MediaIdentity | None = None,
     ) -> Iterator[pb.GenerateResponse]:
         prompt_ids = output.prompt_token_ids or ()  # not copied: read per token on hot paths
         prompt_len = len(prompt_ids)
@@ -367,6 +418,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                     **common,
                     **convert.finish_fields(completion),
                     **convert.kv_params_fields(getattr(output, "kv_transfer_params", None)),
+                    media_identity=identity,
                 )
             )
 
