@@ -150,6 +150,30 @@ def test_the_decode_worker_continues_from_the_transferred_kv(pair: tuple[Worker,
     asyncio.run(run())
 
 
+def test_a_decode_request_refused_here_is_reported_to_the_connector(
+    pair: tuple[Worker, Worker],
+) -> None:
+    """The notice that frees the prefill worker's blocks, taken by the real engine (the fake
+    engine's tests cover when it is owed and withheld: test_kv_transfer.py)."""
+    prefill, decode = pair
+
+    async def run() -> None:
+        _, kv = await _prefill(prefill, _request("pd-refused", PROMPT, MAX_TOKENS))
+        bad = _request("pd-refused", PROMPT, MAX_TOKENS, kv)
+        bad.sampling_params.top_p = 2.0
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _complete(decode, bad)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        told = "request pd-refused was refused before the engine: the KV connector is told"
+        for _ in range(150):  # sent in the background, bounded at 10 s
+            if told in decode.log.read_text(errors="replace"):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no notice in the decode worker's log: {told!r}")
+
+    asyncio.run(run())
+
+
 def test_an_image_is_decoded_from_its_identity_without_pixels(
     pair: tuple[Worker, Worker], tiny_vlm: Path, media_dir: Path
 ) -> None:
