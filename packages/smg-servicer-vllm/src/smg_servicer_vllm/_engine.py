@@ -83,3 +83,10 @@ def argument_parser() -> Any:
     from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
 
     return FlexibleArgumentParser
+
+
+def engine_config(args: Any) -> Any:
+    """vLLM's config of a parsed engine command line (what its headless serve builds)."""
+    from vllm import AsyncEngineArgs  # noqa: PLC0415
+
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config()

@@ -307,6 +307,14 @@ def run(args: argparse.Namespace, serve: Callable[[argparse.Namespace], Any]) ->
     return ExitCode.OK
 
 
+def prepare_environment() -> None:
+    """What vLLM's CLI sets first: the cores' workers start by spawn (never fork this process,
+    which may host other threads); and the cores guard themselves (:func:`guard_engine_core`).
+    The children inherit this process's environment: the one way to hand them these."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # noqa: TID251
+    os.environ[LANE_ENV] = "1"  # noqa: TID251 - in the cores, our plugin guards them
+
+
 def _stop(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -320,10 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("info")
     from smg_servicer_vllm._engine import serve_subcommand  # noqa: PLC0415
 
-    # What vLLM's CLI sets first: the cores' workers start by spawn (never fork this process).
-    # The children inherit this process's environment: the one way to hand them these.
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # noqa: TID251
-    os.environ[LANE_ENV] = "1"  # noqa: TID251 - in the cores, our plugin guards them
+    prepare_environment()
     # Until vLLM installs its own handlers (which drain), a signal stops the launch.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

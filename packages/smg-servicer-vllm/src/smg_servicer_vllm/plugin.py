@@ -51,14 +51,17 @@ from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN, ShutdownDeadline
 from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 from smg_servicer_core.wire_guard import tolerant_add
-from smg_servicer_vllm import releases
+from smg_servicer_vllm import releases, rust_lane
 from smg_servicer_vllm.mm_settings import SETTINGS, MmSettings, add_flags, resolve_mm_settings
 from smg_servicer_vllm.releases import LAUNCHER_MODULES
+from smg_servicer_vllm.rust_lane import SERVICER_IMPL
 
 _MARK = "_smg_servicer_wrapped"
 #: Every variable a gRPC parse reads.
 SETTINGS_ENV = tuple(
-    s.env for s in (*SETTINGS, *metrics_settings("vllm"), SHUTDOWN_MARGIN, *TLS_SETTINGS) if s.env
+    s.env
+    for s in (*SETTINGS, *metrics_settings("vllm"), SHUTDOWN_MARGIN, *TLS_SETTINGS, SERVICER_IMPL)
+    if s.env
 )
 #: vLLM's gRPC launcher stops its server with this grace (``server.stop(grace=5.0)``); 0.34
 #: drains longer with ``--shutdown-timeout`` (:func:`.releases.launcher_stop_s`).
@@ -75,6 +78,9 @@ class LauncherSettings:
     shutdown_margin_s: float = SHUTDOWN_MARGIN.default
     #: vLLM's own ``--shutdown-timeout`` (0.34's launcher drains for it)
     shutdown_timeout_s: float = 0.0
+    #: ``--servicer-impl`` (:mod:`.rust_lane`) and where it came from
+    servicer_impl: str = "python"
+    servicer_impl_source: str = "default"
 
 
 #: The last gRPC parse's settings (at most one entry: "launch").
@@ -84,6 +90,14 @@ _launched: dict[str, LauncherSettings] = {}
 def launcher_settings() -> LauncherSettings | None:
     """The settings a gRPC command line of this process gave, or None (no such parse)."""
     return _launched.get("launch")
+
+
+def servicer_impl_line() -> str:
+    """What the launcher serves with and where the choice came from (logged at start)."""
+    launch = launcher_settings()
+    if launch is None:
+        return "servicer implementation: python (no launcher command line)"
+    return f"servicer implementation: {launch.servicer_impl} ({launch.servicer_impl_source})"
 
 
 def in_launcher_process() -> bool:
@@ -117,6 +131,7 @@ def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
     for setting in metrics_settings("vllm"):
         if setting.flag not in options:
             setting.add_to_parser(group)
+    SERVICER_IMPL.add_to_parser(parser)
     group = parser.add_argument_group("SMG servicer TLS and shutdown (smg-servicer-vllm)")
     for setting in (SHUTDOWN_MARGIN, *TLS_SETTINGS):
         if setting.flag not in options:  # vllm serve has its own --ssl-* flags: they are read
@@ -125,7 +140,10 @@ def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
 
 def resolve_launch(namespace: argparse.Namespace) -> LauncherSettings:
     environ = environment()
+    impl = resolve((SERVICER_IMPL,), namespace, environ)
     return LauncherSettings(
+        servicer_impl=impl[SERVICER_IMPL.name],
+        servicer_impl_source=impl.source(SERVICER_IMPL.name),
         mm=resolve_mm_settings(namespace, environ),
         metrics=resolve(metrics_settings("vllm"), namespace, environ),
         tls=load_server_tls(resolve(TLS_SETTINGS, namespace, environ)),
@@ -153,6 +171,8 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             parsed.mm_redis_url = _launched["launch"].mm.redis_url
         if in_launcher_process():
             fix_keepalive()
+            if _launched["launch"].servicer_impl == "rust":
+                rust_lane.take_over()
         return parsed, rest
 
     setattr(parse_known_args, _MARK, True)

