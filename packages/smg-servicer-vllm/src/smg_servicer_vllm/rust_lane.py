@@ -249,7 +249,14 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
     sockets = tempfile.mkdtemp(prefix="smg-vllm-rust-")
     keywords = server_keywords(config, accepted_keywords(server_class))
     bind = f"{launch.host}:{launch.port}"
-    server = server_class(bind, f"ipc://{sockets}/engine", handshake, str(launch.model), **keywords)
+    try:
+        server = server_class(
+            bind, f"ipc://{sockets}/engine", handshake, str(launch.model), **keywords
+        )
+    except (OSError, RuntimeError, ValueError, TypeError) as err:  # the port, say
+        shutil.rmtree(sockets, ignore_errors=True)
+        print(f"error: the Rust servicer cannot serve on {bind}: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
     logger.info("the Rust servicer listens on %s (NOT_SERVING until the engine connects)", bind)
     headless.prepare_environment()
     lifecycle = Lifecycle(server, _cores_alive)
