@@ -26,6 +26,7 @@ from smg_it.zmq_lane import (
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
     check_the_router_sees_the_load,
+    engine_cores,
     kill_mid_stream,
     sigterm_mid_stream,
     until,
@@ -53,10 +54,6 @@ def rust_lane(model: Path, *flags: str) -> Lane:
         lane.stop()
         raise
     return lane
-
-
-def engine_cores(lane: Lane) -> list[psutil.Process]:
-    return [p for p in lane.engine.children() if "EngineCore" in " ".join(p.cmdline())]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from smg_it.zmq_lane import (
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
     check_the_router_sees_the_load,
+    engine_cores,
     kill_mid_stream,
     sigterm_mid_stream,
     until,
@@ -43,10 +44,6 @@ def vllm_lane(
     url = f"ipc://{sockets}/engine"
     command = headless_command(model, url, *engine_flags)
     return Lane(command, "vllm", model, url, *router_flags, env=env)
-
-
-def engine_cores(lane: Lane) -> list[psutil.Process]:
-    return [p for p in lane.engine.children() if "EngineCore" in " ".join(p.cmdline())]
 
 
 @pytest.fixture(scope="module")

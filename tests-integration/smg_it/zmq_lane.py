@@ -70,6 +70,11 @@ class Lane:
         self.engine.stop(60)
 
 
+def engine_cores(lane: Lane) -> list[psutil.Process]:
+    """vLLM's engine core processes under the lane's launcher."""
+    return [p for p in lane.engine.children() if "EngineCore" in " ".join(p.cmdline())]
+
+
 def events(response: httpx.Response) -> Iterator[dict]:
     """The JSON events of a streamed response (``data: [DONE]`` left out)."""
     for line in response.iter_lines():
