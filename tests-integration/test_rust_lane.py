@@ -48,8 +48,10 @@ def rust_lane(model: Path, *flags: str) -> Lane:
     lane = Lane(command, "vllm", model, f"grpc://127.0.0.1:{port}")
     # The router registers the worker from its model info, which the Rust server answers before
     # the engine connects; its health says SERVING once the engine has.
+    # The router may have probed it before (NOT_SERVING: out of rotation): wait until it is back.
     try:
         wait_serving(f"127.0.0.1:{port}", SERVICES["vllm"], timeout_s=240)
+        until(lambda: lane.worker()["is_healthy"], 60, "the router never took the worker in")
     except BaseException:
         lane.stop()
         raise

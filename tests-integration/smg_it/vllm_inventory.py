@@ -451,7 +451,11 @@ def _uses() -> list[Use]:
         # headless.py: the router's ZMQ lane (vLLM's headless serve, the cores' request guard)
         u(serve, "_engine.py: serve_subcommand()", 0),
         u(f"{serve}.subparser_init", "headless.py: _parser()", 1),
-        u(f"{serve}.validate", "headless.py: main()", 1),
+        u(f"{serve}.validate", "headless.py: main(), rust_lane.py: run()", 1),
+        # rust_lane.py: the server's model and engine facts, from vLLM's own config
+        u("vllm:AsyncEngineArgs", "_engine.py: engine_config()"),
+        u("vllm:AsyncEngineArgs.from_cli_args", "_engine.py: engine_config()", 1),
+        u("vllm:AsyncEngineArgs.create_engine_config", "_engine.py: engine_config()", 0),
         u(f"{serve}.cmd", "headless.py: run() (runs run_headless for --headless)", 1),
         u("vllm.entrypoints.cli.serve:run_headless", "headless.py: what cmd runs", 1),
         u(f"{core}.preprocess_add_request", "headless.py: guard_engine_core() wraps it", 1),
