@@ -5,7 +5,6 @@ derives from the launcher's (the lane itself: tests-integration/test_rust_lane.p
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,17 +16,6 @@ from smg_servicer_vllm.mm_settings import MmSettings
 from smg_servicer_vllm.plugin import LauncherSettings
 
 pytestmark = pytest.mark.unit
-
-
-#: A binding as the extension module shows it (its ``__text_signature__``).
-_BINDING = SimpleNamespace(
-    __text_signature__="(bind_address, ipc_base_url, *, engine_count=1, vocab_size=0, x=...)"
-)
-
-
-def test_the_keywords_are_read_from_the_binding_signature() -> None:
-    assert rust_lane.accepted_keywords(_BINDING) == {"engine_count", "vocab_size", "x"}
-    assert rust_lane.accepted_keywords(object) == frozenset()
 
 
 def test_the_installed_binding_takes_what_smg_1_13_takes() -> None:

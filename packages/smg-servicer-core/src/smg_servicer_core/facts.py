@@ -40,7 +40,8 @@ class ModelFacts:
     id2label: Mapping[str, str] = field(default_factory=dict[str, str])
     num_labels: int = 0
 
-    def _values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, Any]:
+        """The facts as the wire (and the ``smg`` wheel's Rust servers' keywords) name them."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["served_model_name"] = self.served_model_name or self.model_path
         values["max_req_input_len"] = self.max_req_input_len or self.max_context_length
@@ -57,4 +58,4 @@ class ModelFacts:
     def to_proto(self, message_type: type[_M]) -> _M:
         """The wire's ``GetModelInfoResponse`` (``message_type``) with every field it has."""
         names = {f.name for f in message_type.DESCRIPTOR.fields}  # type: ignore[attr-defined]
-        return message_type(**{k: v for k, v in self._values().items() if k in names})
+        return message_type(**{k: v for k, v in self.values().items() if k in names})

@@ -29,12 +29,13 @@ the gRPC lane. Exit codes are core's table (:class:`smg_servicer_core.entry.Exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -104,9 +105,9 @@ def unsupported(config: Any) -> str | None:
     from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
 
     if sg.dp_size() > 1:
-        return "--dp-size > 1 is not served over the router's SGLang ZMQ lane: use the gRPC lane"
+        return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
     if sg.disaggregation_mode(config) != "null":
-        return "prefill/decode roles are not served over the router's SGLang ZMQ lane"
+        return "prefill/decode roles are not served over SGLang's ZMQ wire"
     return None
 
 
@@ -177,58 +178,85 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop(signum)
 
 
+@contextlib.contextmanager
+def dialing(handshake: str, engine_index: int) -> Generator[HandshakeRelay]:
+    """The relay in front of ``handshake``, and this process's environment set so that the
+    scheduler ranks it starts load the plugin and dial the relay as engine ``engine_index``."""
+    relay = HandshakeRelay(handshake)
+    try:
+        # The ranks inherit this process's environment: the one way to hand them these.
+        os.environ[HANDSHAKE_ENV] = relay.address  # noqa: TID251
+        os.environ[ENGINE_INDEX_ENV] = str(engine_index)  # noqa: TID251
+        yield relay
+    finally:
+        relay.close()
+
+
+def prepared(server_args: Any) -> tuple[Any, Any] | str:
+    """SGLang's port args and resolved settings for ``server_args`` on this lane, or why not."""
+    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
+
+    try:
+        port_args, config = sg.prepare(server_args)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return unsupported(config) or plugin_missing() or (port_args, config)
+
+
+def supervise(relay: HandshakeRelay, server_args: Any, port_args: Any, drain_s: float) -> int:
+    """Start the ranks (they dial ``relay``), supervise them until a signal or a death; the exit
+    code."""
+    from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, _raise_stop)
+    try:
+        launched = sg.launch_schedulers(server_args, port_args)
+    except (sg.SchedulerStartError, _Stop) as err:
+        stop = err if isinstance(err, _Stop) else err.__cause__
+        if isinstance(stop, _Stop) and stop.signum != signal.SIGQUIT:
+            return ExitCode.OK  # asked to stop while starting
+        logger.error("the scheduler could not start: %s", err)
+        return ExitCode.ENGINE_DIED
+    supervisor = Supervisor(launched, relay, drain_s)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, supervisor.on_signal)
+    if not relay.outputs():  # the scheduler is ready only once it has registered
+        supervisor.close()
+        logger.error(
+            "the scheduler started without dialing its handshake: SGLang did not run the %s "
+            "plugin in it (SGLANG_PLATFORM? a failed load?)",
+            PLUGIN_NAME,
+        )
+        return ExitCode.ENGINE_DIED
+    logger.info("the scheduler is registered; serving")
+    try:
+        return supervisor.run()
+    finally:
+        supervisor.close()
+
+
 def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
     """Start the ranks aimed at the router, supervise them; the exit code."""
     from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
 
-    relay = HandshakeRelay(ours.zmq_handshake_address)
-    try:
-        # The ranks inherit this process's environment: the one way to hand them these.
-        os.environ[HANDSHAKE_ENV] = relay.address  # noqa: TID251
-        os.environ[ENGINE_INDEX_ENV] = str(ours.zmq_engine_index)  # noqa: TID251
+    with dialing(ours.zmq_handshake_address, ours.zmq_engine_index) as relay:
         try:
             server_args = sg.prepare_server_args(server_argv)
-            port_args, config = sg.prepare(server_args)
         except (ValueError, TypeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return ExitCode.CONFIG
-        why = unsupported(config) or plugin_missing()
-        if why is not None:
-            print(f"error: {why}", file=sys.stderr)
+        ready = prepared(server_args)
+        if isinstance(ready, str):
+            print(f"error: {ready}", file=sys.stderr)
             return ExitCode.CONFIG
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            signal.signal(sig, _raise_stop)
+        port_args, _ = ready
         logger.info(
             "starting SGLang's scheduler for the router at %s (engine %d)",
             ours.zmq_handshake_address,
             ours.zmq_engine_index,
         )
-        try:
-            launched = sg.launch_schedulers(server_args, port_args)
-        except (sg.SchedulerStartError, _Stop) as err:
-            stop = err if isinstance(err, _Stop) else err.__cause__
-            if isinstance(stop, _Stop) and stop.signum != signal.SIGQUIT:
-                return ExitCode.OK  # asked to stop while starting
-            logger.error("the scheduler could not start: %s", err)
-            return ExitCode.ENGINE_DIED
-        supervisor = Supervisor(launched, relay, ours.zmq_drain_timeout)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            signal.signal(sig, supervisor.on_signal)
-        if not relay.outputs():  # the scheduler is ready only once it has registered
-            supervisor.close()
-            logger.error(
-                "the scheduler started without dialing the router: SGLang did not run the %s "
-                "plugin in it (SGLANG_PLATFORM? a failed load?)",
-                PLUGIN_NAME,
-            )
-            return ExitCode.ENGINE_DIED
-        logger.info("the scheduler is registered with the router; serving")
-        try:
-            return supervisor.run()
-        finally:
-            supervisor.close()
-    finally:
-        relay.close()
+        return supervise(relay, server_args, port_args, ours.zmq_drain_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,7 +57,7 @@ from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
 from smg_servicer_core.tls import ServerTls, resolve_tls
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang import convert, kv_events
+from smg_servicer_sglang import convert, kv_events, rust_lane
 from smg_servicer_sglang.request_manager import RequestManager
 from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
 
@@ -246,9 +246,16 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
 def servicer_settings() -> tuple[Setting[Any], ...]:
     """The servicer's own settings (SGLang owns host, port and logging): the shared grace period
     and the metrics flags, ``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``,
-    ``--metrics-port`` / ``SMG_SGLANG_SERVICER_METRICS_PORT``, ``--metrics-host`` / ``..._HOST``."""
+    ``--metrics-port`` / ``SMG_SGLANG_SERVICER_METRICS_PORT``, ``--metrics-host`` / ``..._HOST``,
+    and the lane: ``--servicer-impl`` / ``SMG_SGLANG_SERVICER_IMPL`` (:mod:`.rust_lane`)."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
-    return (grace, SHUTDOWN_MARGIN, *metrics_settings("sglang"))
+    return (
+        grace,
+        SHUTDOWN_MARGIN,
+        *metrics_settings("sglang"),
+        rust_lane.SERVICER_IMPL,
+        rust_lane.DRAIN,
+    )
 
 
 def resolve_settings(namespace: Any = None) -> ResolvedSettings:
@@ -268,6 +275,11 @@ async def run(
     try:
         own = settings if settings is not None else resolve_settings()
         check_metrics_port(own, int(server_args.port))
+        if own[rust_lane.SERVICER_IMPL.name] == "rust":
+            if on_request_manager_ready is not None:
+                logger.warning("SGLang's HTTP sidecar is not started on the Rust lane")
+            return rust_lane.run(server_args, own)
+        logger.info(rust_lane.impl_line(own))
         # SGLang's own --ssl-* flags (ignored by SGLang in gRPC mode), else SMG_SERVICER_SSL_*.
         tls = resolve_tls(server_args, environment())
     except ConfigError as exc:

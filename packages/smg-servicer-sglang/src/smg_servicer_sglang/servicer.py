@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -324,47 +324,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
 
     # -- info ------------------------------------------------------------------------------
 
-    def _default_sampling(self) -> dict[str, Any]:
-        defaults: dict[str, Any] = {}
-        path = Path(self.config.model_path) / "generation_config.json"
-        with contextlib.suppress(OSError, ValueError):
-            config = json.loads(path.read_text())
-            defaults = {k: config[k] for k in _DEFAULT_SAMPLING_KEYS if k in config}
-        preferred = self.config.preferred_sampling_params
-        if preferred:
-            with contextlib.suppress(ValueError, TypeError):
-                extra = json.loads(preferred) if isinstance(preferred, str) else dict(preferred)
-                defaults |= {k: v for k, v in extra.items() if k in _DEFAULT_SAMPLING_KEYS}
-        return defaults
-
     def model_facts(self) -> ModelFacts:
-        args, facts = self.config, self.facts
-        preferred = args.preferred_sampling_params
-        return ModelFacts(
-            model_path=str(args.model_path),
-            vocab_size=self.limits.vocab_size,
-            # The model's context window (not the KV pool's capacity).
-            max_context_length=self.limits.context_length,
-            tokenizer_path=str(args.tokenizer_path or ""),
-            is_generation=self.limits.is_generation,
-            preferred_sampling_params=(
-                (preferred if isinstance(preferred, str) else json.dumps(preferred))
-                if preferred
-                else ""
-            ),
-            weight_version=str(getattr(args, "weight_version", "") or "default"),
-            served_model_name=str(args.served_model_name or args.model_path),
-            supports_vision=False,  # images are refused (convert.IMAGES_REFUSED)
-            model_type=str(facts["model_type"]),
-            eos_token_ids=tuple(facts["eos_token_ids"]),
-            pad_token_id=int(facts["pad_token_id"]),
-            bos_token_id=int(facts["bos_token_id"]),
-            max_req_input_len=int(self.scheduler_info.get("max_req_input_len") or 0),
-            architectures=tuple(facts["architectures"]),
-            id2label=dict(facts["id2label"] or {}),
-            num_labels=int(facts["num_labels"]),
-            default_sampling_params=self._default_sampling(),
-        )
+        return model_facts(self.config, self.facts, self.scheduler_info)
 
     @grpc_errors
     async def GetServerInfo(
@@ -489,3 +450,50 @@ def _joined(replies: list[Any], ok: str) -> dict[str, Any]:
     """success is the AND of the ranks' replies; failures' messages joined with " | "."""
     failed = [str(r.message or "failed") for r in replies if not r.success]
     return {"success": not failed and bool(replies), "message": " | ".join(failed) or ok}
+
+
+def default_sampling(config: Any) -> dict[str, Any]:
+    """The sampling defaults the model ships (``generation_config.json``), overlaid with
+    ``--preferred-sampling-params``."""
+    defaults: dict[str, Any] = {}
+    path = Path(config.model_path) / "generation_config.json"
+    with contextlib.suppress(OSError, ValueError):
+        shipped = json.loads(path.read_text())
+        defaults = {k: shipped[k] for k in _DEFAULT_SAMPLING_KEYS if k in shipped}
+    preferred = config.preferred_sampling_params
+    if preferred:
+        with contextlib.suppress(ValueError, TypeError):
+            extra = json.loads(preferred) if isinstance(preferred, str) else dict(preferred)
+            defaults |= {k: v for k, v in extra.items() if k in _DEFAULT_SAMPLING_KEYS}
+    return defaults
+
+
+def model_facts(
+    config: Any, facts: Mapping[str, Any], scheduler_info: Mapping[str, Any]
+) -> ModelFacts:
+    """What ``GetModelInfo`` reports: SGLang's resolved settings (``config``), the model's own
+    config (``_sglang.model_facts``) and the scheduler's info (empty before it started)."""
+    preferred = config.preferred_sampling_params
+    if preferred and not isinstance(preferred, str):
+        preferred = json.dumps(preferred)
+    return ModelFacts(
+        model_path=str(config.model_path),
+        vocab_size=int(facts["vocab_size"]),
+        # The model's context window (not the KV pool's capacity).
+        max_context_length=int(facts["context_length"]),
+        tokenizer_path=str(config.tokenizer_path or ""),
+        is_generation=bool(facts["is_generation"]),
+        preferred_sampling_params=preferred or "",
+        weight_version=str(getattr(config, "weight_version", "") or "default"),
+        served_model_name=str(config.served_model_name or config.model_path),
+        supports_vision=False,  # images are refused (convert.IMAGES_REFUSED)
+        model_type=str(facts["model_type"]),
+        eos_token_ids=tuple(facts["eos_token_ids"]),
+        pad_token_id=int(facts["pad_token_id"]),
+        bos_token_id=int(facts["bos_token_id"]),
+        max_req_input_len=int(scheduler_info.get("max_req_input_len") or 0),
+        architectures=tuple(facts["architectures"]),
+        id2label=dict(facts["id2label"] or {}),
+        num_labels=int(facts["num_labels"]),
+        default_sampling_params=default_sampling(config),
+    )

@@ -27,63 +27,33 @@ metrics port (``smg`` 1.13's binding takes none of them), and a missing binding.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
-import re
 import shutil
-import signal
-import socket
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Generator
 from types import SimpleNamespace
 from typing import Any
 
-from smg_servicer_core.config import Setting
+from smg_servicer_core import rust_lane as lane
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-IMPLS = ("python", "rust")
-SERVICER_IMPL = Setting(
-    "servicer_impl",
-    str,
-    "python",
-    "the gRPC servicer: python (this package's) or rust (the smg wheel's Rust server over vLLM's "
-    "headless engine cores; no --metrics-port, TLS or --mm-processor there)",
-    flag="--servicer-impl",
-    env="SMG_VLLM_SERVICER_IMPL",
-    validate=lambda v: None if v in IMPLS else f"must be one of {', '.join(IMPLS)}",
-)
-#: How often the lifecycle looks at the engine while it connects.
-POLL_S = 0.1
-#: What the server gets to close its connections when it stops.
-STOP_S = 5.0
-BINDING = "smg.servicer"
+IMPLS = lane.IMPLS
+SERVICER_IMPL = lane.impl_setting("vllm", "no --metrics-port, TLS or --mm-processor there")
+BINDING = lane.BINDING
 INSTALL = "pip install 'smg-servicer-vllm[rust]'"
+accepted_keywords = lane.accepted_keywords
 
 
 def binding() -> Any:
     """The installed ``smg`` wheel's ``VllmGrpcServer`` (ConfigError: none)."""
-    try:
-        return importlib.import_module(BINDING).VllmGrpcServer
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"--servicer-impl rust needs the smg wheel's Rust servicer (smg >= 1.12): {INSTALL}"
-        ) from exc
-
-
-def accepted_keywords(server_class: Any) -> frozenset[str]:
-    """The keyword arguments the binding's constructor takes, from its text signature."""
-    signature = str(getattr(server_class, "__text_signature__", "") or "")
-    _, star, keywords = signature.partition("*,")
-    return frozenset(re.findall(r"(\w+)\s*=", keywords)) if star else frozenset()
+    return lane.binding("VllmGrpcServer", INSTALL, BINDING)
 
 
 def require_upstream_hook() -> None:
@@ -101,12 +71,6 @@ def require_upstream_hook() -> None:
         binding()
     except ConfigError as exc:
         raise RuntimeError(str(exc)) from None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def server_keywords(config: Any, accepted: frozenset[str]) -> dict[str, Any]:
@@ -145,10 +109,7 @@ def server_keywords(config: Any, accepted: frozenset[str]) -> dict[str, Any]:
         "max_num_seqs": served.max_num_seqs,
         "log_stats": not bool(getattr(config.observability_config, "disable_log_stats", False)),
     }
-    left_out = sorted(set(wanted) - accepted)
-    if left_out:
-        logger.info("the installed smg binding takes no %s: left out", ", ".join(left_out))
-    return {name: value for name, value in wanted.items() if name in accepted}
+    return lane.keep_accepted(wanted, accepted)
 
 
 def refuse_unserved(settings: Any) -> None:
@@ -182,51 +143,6 @@ def headless_args(launch: argparse.Namespace, argv: list[str]) -> argparse.Names
     return args
 
 
-class Lifecycle:
-    """SERVING once the engine is connected (polled; the engine's liveness reported while it
-    connects), NOT_SERVING at SIGTERM/SIGINT (:meth:`signals`)."""
-
-    def __init__(self, server: Any, alive: Callable[[], bool]) -> None:
-        self.server = server
-        self.alive = alive
-        self.stopping = threading.Event()
-        self._thread = threading.Thread(target=self._connect, name="smg-rust-ready", daemon=True)
-        self._thread.start()
-
-    def _connect(self) -> None:
-        while not self.stopping.wait(POLL_S):
-            if self.server.engine_ready:
-                self.server.set_serving(True)
-                logger.info("the vLLM engine is connected: the Rust servicer is SERVING")
-                return
-            if self.alive():
-                self.server.note_engine_alive()
-
-    @contextlib.contextmanager
-    def signals(self) -> Generator[None]:
-        """While vLLM serves: whatever SIGTERM/SIGINT handler it installs first flips health
-        to NOT_SERVING (new requests go elsewhere while the cores drain)."""
-        original = signal.signal
-
-        def install(signum: int, handler: Any) -> Any:
-            if signum in (signal.SIGTERM, signal.SIGINT) and callable(handler):
-
-                def drain_first(sig: int, frame: Any) -> Any:
-                    self.stopping.set()
-                    self.server.set_serving(False)
-                    return handler(sig, frame)
-
-                return original(signum, drain_first)
-            return original(signum, handler)
-
-        signal.signal = install  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            signal.signal = original
-            self.stopping.set()
-
-
 def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Serve a launcher command line on the Rust lane; the exit code (core's table)."""
     from smg_servicer_vllm import _engine, headless, logs, plugin  # noqa: PLC0415
@@ -244,7 +160,7 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.CONFIG
-    handshake = f"tcp://127.0.0.1:{_free_port()}"
+    handshake = f"tcp://127.0.0.1:{lane.free_port()}"
     args.zmq_handshake_address = handshake
     sockets = tempfile.mkdtemp(prefix="smg-vllm-rust-")
     keywords = server_keywords(config, accepted_keywords(server_class))
@@ -259,14 +175,12 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
         return ExitCode.CONFIG
     logger.info("the Rust servicer listens on %s (NOT_SERVING until the engine connects)", bind)
     headless.prepare_environment()
-    lifecycle = Lifecycle(server, _cores_alive)
+    lifecycle = lane.Lifecycle(server, _cores_alive, "vLLM")
     try:
         with lifecycle.signals():
             code = headless.run(args, serve.cmd)
     finally:
-        server.set_serving(False)
-        error = server.last_error
-        server.stop(STOP_S)
+        error = lifecycle.close()
         shutil.rmtree(sockets, ignore_errors=True)
     if error:
         logger.error("the Rust servicer stopped on an error: %s", error)

@@ -1,0 +1,141 @@
+"""What every engine's Rust servicer lane (``--servicer-impl rust``, issue #26) shares
+(engine-free).
+
+The ``smg`` wheel (>= 1.12) ships ``smg.servicer.{Vllm,Sglang,TokenSpeed}GrpcServer``: a Rust
+gRPC server answering an engine's proto from a Rust thread, talking to that engine's headless
+processes over ZMQ. Python keeps only the lifecycle: construct the server, start the engine
+headless dialing the server's handshake, poll ``engine_ready``, ``set_serving``, ``stop``. Each
+engine package builds its lane from these pieces: the ``--servicer-impl`` setting
+(:func:`impl_setting`), the binding lookup (:func:`binding`), the constructor's accepted keywords
+(:func:`accepted_keywords`, :func:`keep_accepted`) and :class:`Lifecycle` (SERVING once the
+engine is connected, NOT_SERVING first thing on SIGTERM/SIGINT)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import re
+import signal
+import socket
+import threading
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from smg_servicer_core.config import Setting
+from smg_servicer_core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+IMPLS = ("python", "rust")
+#: The module of the ``smg`` wheel that carries the servers.
+BINDING = "smg.servicer"
+#: How often the lifecycle looks at the engine while it connects.
+POLL_S = 0.1
+#: What the server gets to close its connections when it stops.
+STOP_S = 5.0
+
+
+def impl_setting(engine: str, not_served: str) -> Setting[str]:
+    """``--servicer-impl`` / ``SMG_<ENGINE>_SERVICER_IMPL`` (flag > variable > python)."""
+    return Setting(
+        "servicer_impl",
+        str,
+        "python",
+        f"the gRPC servicer: python (this package's) or rust (the smg wheel's Rust server over "
+        f"the engine's headless processes; {not_served})",
+        flag="--servicer-impl",
+        env=f"SMG_{engine.upper()}_SERVICER_IMPL",
+        validate=lambda v: None if v in IMPLS else f"must be one of {', '.join(IMPLS)}",
+    )
+
+
+def binding(class_name: str, install: str, module: str = BINDING) -> Any:
+    """The installed ``smg`` wheel's server class (ConfigError, naming ``install``: none)."""
+    try:
+        return getattr(importlib.import_module(module), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"--servicer-impl rust needs the smg wheel's Rust servicer (smg >= 1.12): {install}"
+        ) from exc
+
+
+def accepted_keywords(server_class: Any) -> frozenset[str]:
+    """The keyword arguments the binding's constructor takes, from its text signature."""
+    signature = str(getattr(server_class, "__text_signature__", "") or "")
+    _, star, keywords = signature.partition("*,")
+    return frozenset(re.findall(r"(\w+)\s*=", keywords)) if star else frozenset()
+
+
+def keep_accepted(wanted: Mapping[str, Any], accepted: frozenset[str]) -> dict[str, Any]:
+    """``wanted`` limited to what the installed binding takes; the rest is logged as left out
+    (an older or newer wheel: the server is still built, never with a keyword it refuses)."""
+    left_out = sorted(set(wanted) - accepted)
+    if left_out:
+        logger.info("the installed smg binding takes no %s: left out", ", ".join(left_out))
+    return {name: value for name, value in wanted.items() if name in accepted}
+
+
+def free_port() -> int:
+    """A free tcp port on 127.0.0.1 (the server's handshake)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Lifecycle:
+    """SERVING once the engine is connected (polled; the engine's liveness reported to the
+    server while it connects), NOT_SERVING at SIGTERM/SIGINT (:meth:`signals`)."""
+
+    def __init__(self, server: Any, alive: Callable[[], bool], engine: str) -> None:
+        self.server = server
+        self.alive = alive
+        self.engine = engine
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._connect, name="smg-rust-ready", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> None:
+        while not self.stopping.wait(POLL_S):
+            if self.server.engine_ready:
+                self.server.set_serving(True)
+                logger.info("the %s engine is connected: the Rust servicer is SERVING", self.engine)
+                return
+            if self.alive():
+                self.server.note_engine_alive()
+
+    def drain(self) -> None:
+        """A stop was asked: no new request is routed here while the engine drains."""
+        self.stopping.set()
+        self.server.set_serving(False)
+
+    @contextlib.contextmanager
+    def signals(self) -> Generator[None]:
+        """While the engine's launcher runs: whatever SIGTERM/SIGINT handler it installs first
+        flips health to NOT_SERVING (new requests go elsewhere while the engine drains)."""
+        original = signal.signal
+
+        def install(signum: int, handler: Any) -> Any:
+            if signum in (signal.SIGTERM, signal.SIGINT) and callable(handler):
+
+                def drain_first(sig: int, frame: Any) -> Any:
+                    self.drain()
+                    return handler(sig, frame)
+
+                return original(signum, drain_first)
+            return original(signum, handler)
+
+        signal.signal = install  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            signal.signal = original
+            self.stopping.set()
+
+    def close(self, stop_s: float = STOP_S) -> str:
+        """NOT_SERVING, stop the server; the error it stopped on ("" for none)."""
+        self.stopping.set()
+        self.server.set_serving(False)
+        error = str(self.server.last_error or "")
+        self.server.stop(stop_s)
+        return error

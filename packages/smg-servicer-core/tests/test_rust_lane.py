@@ -1,0 +1,127 @@
+"""What every engine's Rust servicer lane shares (core's ``rust_lane``): the setting, the
+binding's accepted keywords, and the lifecycle around a server (a stand-in here with the
+binding's methods; the real binding: tests-integration/test_rust_lane.py and
+test_sglang_rust_lane.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from smg_servicer_core import rust_lane
+from smg_servicer_core.config import resolve
+from smg_servicer_core.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+#: A binding as the extension module shows it (its ``__text_signature__``).
+_BINDING = SimpleNamespace(
+    __text_signature__="(bind_address, ipc_base_url, *, engine_count=1, vocab_size=0, x=...)"
+)
+
+
+def test_the_keywords_are_read_from_the_binding_signature() -> None:
+    assert rust_lane.accepted_keywords(_BINDING) == {"engine_count", "vocab_size", "x"}
+    assert rust_lane.accepted_keywords(object) == frozenset()
+
+
+def test_only_accepted_keywords_are_passed_and_the_rest_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    kept = rust_lane.keep_accepted(
+        {"vocab_size": 7, "mm_encoder_budget": 0}, frozenset({"vocab_size"})
+    )
+    assert kept == {"vocab_size": 7}
+    assert "takes no mm_encoder_budget: left out" in caplog.text
+
+
+def test_a_missing_binding_names_the_install_line() -> None:
+    with pytest.raises(ConfigError, match=r"pip install x\[rust\]"):
+        rust_lane.binding("NoSuchServer", "pip install x[rust]")
+    with pytest.raises(ConfigError, match=r"smg >= 1\.12"):
+        rust_lane.binding("VllmGrpcServer", "pip install x", module="smg_no_such_module")
+
+
+def test_the_setting_takes_flag_then_variable_then_python() -> None:
+    setting = rust_lane.impl_setting("sglang", "nothing")
+    assert setting.env == "SMG_SGLANG_SERVICER_IMPL" and setting.flag == "--servicer-impl"
+    env = {"SMG_SGLANG_SERVICER_IMPL": "rust"}
+    flag = argparse.Namespace(servicer_impl="python")
+    assert resolve((setting,), None, {})["servicer_impl"] == "python"
+    from_env = resolve((setting,), None, env)
+    assert (from_env["servicer_impl"], from_env.source("servicer_impl")) == ("rust", "env")
+    from_flag = resolve((setting,), flag, env)
+    assert (from_flag["servicer_impl"], from_flag.source("servicer_impl")) == ("python", "flag")
+    with pytest.raises(ConfigError, match="must be one of python, rust"):
+        resolve((setting,), None, {"SMG_SGLANG_SERVICER_IMPL": "go"})
+
+
+class _Server:
+    """The binding's lifecycle methods, recorded."""
+
+    def __init__(self) -> None:
+        self.engine_ready = False
+        self.serving: list[bool] = []
+        self.alive_notes = 0
+        self.last_error: str | None = None
+        self.stopped: float | None = None
+        self.changed = threading.Event()
+
+    def set_serving(self, serving: bool) -> None:
+        self.serving.append(serving)
+        self.changed.set()
+
+    def note_engine_alive(self) -> None:
+        self.alive_notes += 1
+        self.changed.set()
+
+    def stop(self, timeout_s: float) -> None:
+        self.stopped = timeout_s
+
+
+def _wait(check: object, server: _Server) -> None:
+    for _ in range(100):
+        if callable(check) and check():
+            return
+        server.changed.wait(0.1)
+        server.changed.clear()
+    raise AssertionError("the lifecycle never got there")
+
+
+def test_serving_only_once_the_engine_is_connected() -> None:
+    server = _Server()
+    lifecycle = rust_lane.Lifecycle(server, lambda: True, "Test")
+    _wait(lambda: server.alive_notes >= 2, server)
+    assert server.serving == []  # engine not connected: NOT_SERVING, its liveness reported
+    server.engine_ready = True
+    _wait(lambda: server.serving == [True], server)
+    server.last_error = "boom"
+    assert lifecycle.close(1.5) == "boom"
+    assert server.serving == [True, False] and server.stopped == 1.5
+
+
+def test_a_stop_signal_flips_health_before_the_engines_handler_runs() -> None:
+    server = _Server()
+    lifecycle = rust_lane.Lifecycle(server, lambda: False, "Test")
+    seen: list[list[bool]] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        with lifecycle.signals():
+            signal.signal(signal.SIGTERM, lambda sig, frame: seen.append(list(server.serving)))
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler)
+            handler(signal.SIGTERM, None)
+            # Other signals are installed as given.
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+            assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        assert seen == [[False]]  # NOT_SERVING first, then the engine's own handler
+        assert lifecycle.stopping.is_set()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
