@@ -31,7 +31,8 @@ from smg_it.zmq_lane import (
 )
 from smg_servicer_core.testing.process import free_port, wait_serving
 from smg_servicer_core.testing.requests import SERVICES
-from smg_servicer_sglang.testing import CPU_ENV, CPU_FLAGS, serve_command
+from smg_servicer_sglang import testing
+from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +41,7 @@ LONG = 900
 
 
 def launcher_command(model: Path, port: int, *flags: str) -> list[str]:
-    """``python -m smg_servicer_sglang [flags] <SGLang's flags>`` from the SGLang environment."""
-    return [
-        str(sglang_python()), "-m", "smg_servicer_sglang", *flags,
-        "--model-path", str(model), *CPU_FLAGS, "--log-level", "info",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+    return testing.launcher_command(model, port, *flags, python=sglang_python())
 
 
 def served(command: list[str], model: Path, port: int, env: dict[str, str]) -> Lane:

@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,9 +164,9 @@ class Arm:
         if name in ("python", "rust"):
             port = free_port()
             if engine == "sglang":
-                if name == "rust":
-                    raise SystemExit("the Rust lane is vLLM's only (issue #26)")
-                command = sglang_testing.serve_command(model, port, python=_need(python))
+                command = sglang_testing.launcher_command(
+                    model, port, "--servicer-impl", name, python=_need(python)
+                )
             else:
                 impl = ("--servicer-impl", name)
                 command = launcher_command(model, port, *impl, log_stats=True)
@@ -208,6 +210,39 @@ def _stop_tree(worker: WorkerProcess) -> None:
         proc.kill()
 
 
+def inprocess(
+    engine: str, model: Path, args: argparse.Namespace, round_no: int
+) -> list[dict[str, Any]]:
+    """The engine driven in-process (its own async API, no server, no router) with the same
+    concurrencies, request counts and lengths: the ceiling the lanes are held to. A subprocess
+    per round (``vllm_inprocess.py``, or ``sglang_inprocess.py`` in the SGLang environment)."""
+    here = Path(__file__).resolve().parent
+    common = [
+        str(model), "--concurrency", *map(str, args.concurrency),
+        "--max-tokens", str(args.max_tokens), "--repeat", "1",
+        "--requests-per-stream", str(args.requests_per_stream),
+    ]  # fmt: skip
+    if engine == "sglang":
+        command = [str(_need(args.sglang_python)), str(here / "sglang_inprocess.py"), *common]
+        env = {**os.environ, **sglang_testing.CPU_ENV}
+    else:
+        command = [sys.executable, str(here / "vllm_inprocess.py"), *common]
+        env = dict(os.environ)
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    rows = []
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            figures = json.loads(line)
+            rows.append(
+                {"round": round_no, "arm": "inprocess", **{k: figures[k] for k in _INPROCESS}}
+            )
+    return rows
+
+
+#: What the in-process drivers report, in this table's names.
+_INPROCESS = ("concurrency", "output_tokens", "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99")
+
+
 def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
     asyncio.run(load(arm.router.base, arm.model, min(concurrency, 4), 4, max_tokens))  # warm-up
     groups = arm.groups()
@@ -239,7 +274,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         mine = [r for r in rows if (r["arm"], r["concurrency"]) == (arm, conc)]
 
         def fmt(key: str, mine: list[dict[str, Any]] = mine) -> str:
-            values = [r[key] for r in mine if r[key] is not None]
+            values = [r[key] for r in mine if r.get(key) is not None]
             if not values:
                 return "-"
             return f"{statistics.median(values):g} ({min(values):g}-{max(values):g})"
@@ -262,7 +297,11 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--requests-per-stream", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
-        "--arms", nargs="+", default=["python", "zmq"], choices=["python", "zmq", "rust"]
+        "--arms",
+        nargs="+",
+        default=["python", "zmq"],
+        choices=["python", "zmq", "rust", "inprocess"],
+        help="inprocess: the engine's own async API, no server (tokens/s and TTFT only)",
     )
     args = parser.parse_args(argv)
     model = cached_tiny_model(ROOT / ".cache" / "models")
@@ -270,6 +309,11 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     for round_no in range(args.rounds):
         order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
         for name in order:
+            if name == "inprocess":
+                for row in inprocess(args.engine, model, args, round_no):
+                    rows.append(row)
+                    out(json.dumps(row))
+                continue
             sockets = Path(tempfile.mkdtemp(prefix="smg-lanes-"))
             arm = Arm(name, model, sockets, args.engine, args.sglang_python)
             try:

@@ -42,13 +42,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="runs per concurrency")
+    parser.add_argument(
+        "--requests-per-stream", type=int, default=8, help="requests = concurrency x this"
+    )
     args = parser.parse_args()
     engine = sglang.Engine(model_path=args.model, **ENGINE_KWARGS)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(run(engine, 4, 8, 16, args.prompt_len))  # warm-up
         for c in args.concurrency:
-            n = max(c * 8, 16)
+            n = max(c * args.requests_per_stream, 16)
             for _ in range(args.repeat):
                 result = loop.run_until_complete(
                     run(engine, c, n, args.max_tokens, args.prompt_len)

@@ -61,3 +61,9 @@ def test_the_table_has_one_row_per_arm_and_concurrency_with_median_and_range() -
     assert len(lines) == 4
     assert lines[2].startswith("| python | 1 | 5 (5-5)")
     assert lines[3].startswith("| zmq | 16 | 20 (10-30)")
+
+
+def test_the_in_process_arm_shows_what_it_measures_and_dashes_for_the_rest() -> None:
+    inprocess = {"arm": "inprocess", "concurrency": 16, "output_tokens_per_s": 7.0}
+    (_, _, line) = table([inprocess]).splitlines()
+    assert line.startswith("| inprocess | 16 | 7 (7-7) | - |")

@@ -72,6 +72,17 @@ def serve_command(
     ]  # fmt: skip
 
 
+def launcher_command(model: Path, port: int, *flags: str, python: Path) -> list[str]:
+    """``python -m smg_servicer_sglang [flags] <SGLang's flags>`` (our launcher, without SGLang's
+    HTTP sidecar; ``--servicer-impl rust`` selects the Rust lane) from the environment of
+    ``python``, CPU-sized as :func:`serve_command`, logging at info."""
+    return [
+        str(python), "-m", "smg_servicer_sglang", *flags,
+        "--model-path", str(model), *CPU_FLAGS, "--log-level", "info",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+
+
 def headless_command(model: Path, worker_url: str, *extra: str, python: Path) -> list[str]:
     """``python -m smg_grpc_servicer.sglang.headless`` (the router's ZMQ lane: SGLang's scheduler
     speaking to the router itself) for the router's ``ipc://`` ``worker_url``, from the
