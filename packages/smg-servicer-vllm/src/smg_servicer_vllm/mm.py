@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from smg_servicer_core.errors import InvalidRequest, Unavailable
@@ -27,6 +28,48 @@ MODALITY_NAMES: dict[int, str] = {0: "image", 1: "image", 2: "audio", 3: "video"
 REMOTE_SCHEMES = ("http", "https", "data")
 #: The longest ``mm_hashes`` entry taken (the router's are 64 hex digits).
 MAX_HASH_CHARS = 256
+
+
+def batch_modality(batch: Any, where: str) -> tuple[str, int]:
+    """A ``MultimodalInputs`` batch's modality name and item count (one per placeholder);
+    InvalidRequest for an unknown modality or no placeholder."""
+    modality = MODALITY_NAMES.get(int(batch.modality))
+    if modality is None:
+        raise InvalidRequest(f"{where}: modality {int(batch.modality)} is not supported")
+    count = len(batch.mm_placeholders)
+    if count == 0:
+        raise InvalidRequest(f"{where}: mm_placeholders is empty")
+    return modality, count
+
+
+def check_hash_lengths(hashes: Sequence[str], where: str) -> None:
+    """Every item hash is 1 to :data:`MAX_HASH_CHARS` characters."""
+    for i, item_hash in enumerate(hashes):
+        if not 0 < len(item_hash) <= MAX_HASH_CHARS:
+            raise InvalidRequest(
+                f"{where}.mm_hashes[{i}]: {len(item_hash)} characters; a hash has 1 to "
+                f"{MAX_HASH_CHARS}"
+            )
+
+
+def placeholder_span(placeholder: Any, i: int, where: str, prompt_len: int) -> tuple[int, int]:
+    """Item ``i``'s placeholder as ``(start, end)``, inside a ``prompt_len``-token prompt."""
+    offset, length = int(placeholder.offset), int(placeholder.length)
+    if length <= 0 or offset + length > prompt_len:
+        raise InvalidRequest(
+            f"{where}.mm_placeholders[{i}]: {offset}+{length} is outside the "
+            f"{prompt_len}-token prompt"
+        )
+    return offset, offset + length
+
+
+def check_apart(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The placeholders' spans in prompt order; InvalidRequest where two overlap."""
+    ordered = sorted(spans)
+    for (_, end), (start, _) in pairwise(ordered):
+        if start < end:
+            raise InvalidRequest("multimodal placeholders overlap")
+    return ordered
 
 
 @dataclass(frozen=True)
