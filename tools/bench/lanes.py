@@ -310,6 +310,47 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: What ``ratios`` compares, each arm against the baseline arm: (name, the row's figure).
+_RATIOS: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
+    ("tokens/s", lambda r: r.get("output_tokens_per_s")),
+    (
+        "router+front-end CPU/token",
+        lambda r: (
+            None
+            if r.get("front_end_cpu_us_per_token") is None
+            else r["router_cpu_us_per_token"] + r["front_end_cpu_us_per_token"]
+        ),
+    ),
+    ("front-end CPU/token", lambda r: r.get("front_end_cpu_us_per_token")),
+    ("ITL p99", lambda r: r.get("itl_ms_p99")),
+    ("TTFT p50", lambda r: r.get("ttft_ms_p50")),
+)
+
+
+def ratios(rows: Sequence[dict[str, Any]], baseline: str) -> list[str]:
+    """Per arm and concurrency, each figure over the baseline arm's of the same round (one ratio
+    per round, in round order): the side-by-side reading of an alternated run."""
+    by = {(r["round"], r["arm"], r["concurrency"]): r for r in rows}
+    arms = sorted({r["arm"] for r in rows} - {baseline})
+    lines = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        for arm in arms:
+            parts = []
+            for name, figure in _RATIOS:
+                values = []
+                for round_no in sorted({r["round"] for r in rows}):
+                    mine, base = by.get((round_no, arm, conc)), by.get((round_no, baseline, conc))
+                    a = figure(mine) if mine else None
+                    b = figure(base) if base else None
+                    if a is not None and b:
+                        values.append(f"{a / b:.2f}")
+                if values:
+                    parts.append(f"{name} {', '.join(values)}")
+            if parts:
+                lines.append(f"c{conc} {arm}/{baseline}: " + "; ".join(parts))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description="An engine through the router, lane against lane")
     parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
@@ -324,6 +365,12 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--requests-per-stream", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
+        "--summarize",
+        type=Path,
+        default=None,
+        help="no run: the table and the per-round ratios of an earlier run's JSON lines",
+    )
+    parser.add_argument(
         "--arms",
         nargs="+",
         default=["python", "zmq"],
@@ -333,8 +380,16 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         "its own environment, tools/bench/upstream_vllm_env.sh)",
     )
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        rows = [json.loads(line) for line in args.summarize.read_text().splitlines() if line]
+        out(table(rows))
+        for baseline in ("python", "inprocess"):
+            if any(r["arm"] == baseline for r in rows):
+                for line in ratios(rows, baseline):
+                    out(line)
+        return 0
     model = cached_tiny_model(ROOT / ".cache" / "models")
-    rows: list[dict[str, Any]] = []
+    rows = []
     for round_no in range(args.rounds):
         order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
         for name in order:
@@ -354,6 +409,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             finally:
                 arm.stop()
     print(table(rows), file=sys.stderr)
+    for line in ratios(rows, "python"):
+        print(line, file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from lanes import Stream, parse_sse, summarize, table
+from lanes import Stream, parse_sse, ratios, summarize, table
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +67,20 @@ def test_the_in_process_arm_shows_what_it_measures_and_dashes_for_the_rest() -> 
     inprocess = {"arm": "inprocess", "concurrency": 16, "output_tokens_per_s": 7.0}
     (_, _, line) = table([inprocess]).splitlines()
     assert line.startswith("| inprocess | 16 | 7 (7-7) | - |")
+
+
+def test_ratios_are_per_round_against_the_baseline_arm() -> None:
+    def row(round_no: int, arm: str, tps: float, fe: float | None) -> dict:
+        figures = {"output_tokens_per_s": tps, "itl_ms_p99": 2.0, "ttft_ms_p50": 1.0}
+        if fe is not None:
+            figures |= {"router_cpu_us_per_token": 10.0, "front_end_cpu_us_per_token": fe}
+        return {"round": round_no, "arm": arm, "concurrency": 16, **figures}
+
+    rows = [row(0, "python", 100, 90), row(0, "rust", 150, 10), row(1, "python", 200, 40)]
+    rows += [row(1, "rust", 100, 0), row(0, "inprocess", 300, None)]
+    lines = ratios(rows, "python")
+    assert lines[0] == "c16 inprocess/python: tokens/s 3.00; ITL p99 1.00; TTFT p50 1.00"
+    assert lines[1] == (
+        "c16 rust/python: tokens/s 1.50, 0.50; router+front-end CPU/token 0.20, 0.20; "
+        "front-end CPU/token 0.11, 0.00; ITL p99 1.00, 1.00; TTFT p50 1.00, 1.00"
+    )
