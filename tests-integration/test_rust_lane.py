@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from smg_it.zmq_lane import (
     sigterm_mid_stream,
     until,
 )
-from smg_servicer_core.testing.process import free_port, wait_serving
+from smg_servicer_core.testing.process import free_port, start_worker, wait_serving
 from smg_servicer_core.testing.requests import SERVICES
 
 pytestmark = pytest.mark.integration
@@ -139,6 +140,30 @@ def test_engine_death_ends_the_stream_and_exits_1(tiny_model: Path) -> None:
         assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
     finally:
         lane.stop()
+
+
+def test_a_stop_while_the_engine_starts_exits_0_and_leaves_nothing(tiny_model: Path) -> None:
+    """SIGTERM once the Rust server listens, while vLLM builds its engine: exit 0, no engine
+    process and no socket folder left (before vLLM's handlers exist, ours end the start)."""
+    from smg_servicer_vllm.testing import launcher_command
+
+    folders = set(Path(tempfile.gettempdir()).glob("smg-vllm-rust-*"))
+    command = launcher_command(tiny_model, free_port(), "--servicer-impl", "rust")
+    worker = start_worker(command, 0, "")
+    try:
+        until(
+            lambda: "the Rust servicer listens on" in worker.tail(100_000),
+            180,
+            "the Rust server never listened",
+        )
+        started = psutil.Process(worker.proc.pid).children(recursive=True)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(90) == 0, worker.tail()
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, f"left running: {alive}"
+        assert set(Path(tempfile.gettempdir()).glob("smg-vllm-rust-*")) <= folders
+    finally:
+        worker.stop(5)
 
 
 @pytest.mark.parametrize(

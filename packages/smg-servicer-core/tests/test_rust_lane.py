@@ -125,3 +125,21 @@ def test_a_stop_signal_flips_health_before_the_engines_handler_runs() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_a_stop_signal_while_starting_exits_0_through_the_finally_blocks() -> None:
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    cleaned: list[str] = []
+    try:
+        rust_lane.stop_while_starting()
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler) and signal.getsignal(signal.SIGINT) is handler
+        with pytest.raises(SystemExit) as stopped:
+            try:
+                handler(signal.SIGTERM, None)
+            finally:
+                cleaned.append("socket folder")
+        assert stopped.value.code == 0 and cleaned == ["socket folder"]
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

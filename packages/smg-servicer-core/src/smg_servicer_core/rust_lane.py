@@ -83,6 +83,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def stop_while_starting() -> None:
+    """Until the engine's launcher installs its own handlers: SIGTERM/SIGINT end the start with
+    exit 0 through ``SystemExit`` (the ``finally`` blocks run: the server stops, its socket folder
+    goes, no process is left), instead of the default action's instant death."""
+
+    def stop(signum: int, frame: object) -> None:
+        logger.info("signal %d while starting: stopping", signum)
+        raise SystemExit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
+
 class Lifecycle:
     """SERVING once the engine is connected (polled; the engine's liveness reported to the
     server while it connects), NOT_SERVING at SIGTERM/SIGINT (:meth:`signals`)."""

@@ -106,6 +106,7 @@ def run(server_args: Any, settings: ResolvedSettings) -> int:
     from smg_servicer_sglang import headless  # noqa: PLC0415
 
     logger.info(impl_line(settings))
+    lane.stop_while_starting()
     try:
         server_class = binding()
     except ConfigError as err:

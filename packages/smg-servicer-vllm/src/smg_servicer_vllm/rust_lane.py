@@ -149,6 +149,7 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     logs.route_through_vllm()  # vLLM configured its logger after the launcher's parse
     logger.info(plugin.servicer_impl_line())
+    lane.stop_while_starting()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         refuse_unserved(plugin.launcher_settings())
@@ -162,25 +163,26 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
         return ExitCode.CONFIG
     handshake = f"tcp://127.0.0.1:{lane.free_port()}"
     args.zmq_handshake_address = handshake
-    sockets = tempfile.mkdtemp(prefix="smg-vllm-rust-")
     keywords = server_keywords(config, accepted_keywords(server_class))
     bind = f"{launch.host}:{launch.port}"
+    sockets = tempfile.mkdtemp(prefix="smg-vllm-rust-")
     try:
-        server = server_class(
-            bind, f"ipc://{sockets}/engine", handshake, str(launch.model), **keywords
-        )
-    except (OSError, RuntimeError, ValueError, TypeError) as err:  # the port, say
-        shutil.rmtree(sockets, ignore_errors=True)
-        print(f"error: the Rust servicer cannot serve on {bind}: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
-    logger.info("the Rust servicer listens on %s (NOT_SERVING until the engine connects)", bind)
-    headless.prepare_environment()
-    lifecycle = lane.Lifecycle(server, _cores_alive, "vLLM")
-    try:
-        with lifecycle.signals():
-            code = headless.run(args, serve.cmd)
+        try:
+            server = server_class(
+                bind, f"ipc://{sockets}/engine", handshake, str(launch.model), **keywords
+            )
+        except (OSError, RuntimeError, ValueError, TypeError) as err:  # the port, say
+            print(f"error: the Rust servicer cannot serve on {bind}: {err}", file=sys.stderr)
+            return ExitCode.CONFIG
+        logger.info("the Rust servicer listens on %s (NOT_SERVING until the engine connects)", bind)
+        lifecycle = lane.Lifecycle(server, _cores_alive, "vLLM")
+        try:
+            headless.prepare_environment()
+            with lifecycle.signals():
+                code = headless.run(args, serve.cmd)
+        finally:
+            error = lifecycle.close()
     finally:
-        error = lifecycle.close()
         shutil.rmtree(sockets, ignore_errors=True)
     if error:
         logger.error("the Rust servicer stopped on an error: %s", error)
