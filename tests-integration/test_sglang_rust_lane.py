@@ -25,6 +25,7 @@ from smg_it.zmq_lane import (
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
     check_the_router_sees_the_load,
+    check_the_server_aborts_for_a_client_that_left,
     kill_mid_stream,
     sigterm_mid_stream,
     until,
@@ -138,19 +139,7 @@ def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
 
 def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     """The Rust server aborts the request in the scheduler (the plugin logs the abort)."""
-    import httpx
-
-    body = lane.body(prompt="Tell me a long story", max_tokens=LONG, ignore_eos=True, stream=True)
-    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
-        assert s.status_code == 200
-        for _, _line in zip(range(4), s.iter_lines(), strict=False):
-            pass
-    until(
-        lambda: "the router aborts" in lane.engine.tail(100_000),
-        10,
-        "the scheduler was never told that the client left",
-    )
-    assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+    check_the_server_aborts_for_a_client_that_left(lane, LONG, "scheduler")
 
 
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:

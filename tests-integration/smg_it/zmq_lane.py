@@ -187,6 +187,23 @@ def check_a_disconnect_aborts(lane: Lane, long: int) -> str:
     return rid
 
 
+def check_the_server_aborts_for_a_client_that_left(lane: Lane, long: int, engine: str) -> None:
+    """A Rust-lane worker (``grpc://``): a client that goes away after a few chunks has its
+    request aborted in the engine (the engine side logs "the router aborts"), and the next request
+    is served."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
+    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
+        assert s.status_code == 200
+        for _, _line in zip(range(4), s.iter_lines(), strict=False):
+            pass
+    until(
+        lambda: "the router aborts" in lane.engine.tail(100_000),
+        10,
+        f"the {engine} was never told that the client left",
+    )
+    assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+
+
 def sigterm_mid_stream(lane: Lane, long: int) -> tuple[list[dict], list[httpx.Response]]:
     """Stream a ``long`` completion; after its first chunks SIGTERM the launcher and post short
     requests until one is refused (for up to 10 s). The stream's finish reasons and the posts'

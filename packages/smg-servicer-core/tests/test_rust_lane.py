@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import tempfile
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -143,3 +145,33 @@ def test_a_stop_signal_while_starting_exits_0_through_the_finally_blocks() -> No
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def test_the_server_runs_under_the_lifecycle_and_its_folder_goes() -> None:
+    made: list[_Server] = []
+
+    def server_class(
+        bind: str, ipc: str, handshake: str, model: str, **keywords: object
+    ) -> _Server:
+        assert ipc.startswith("ipc://") and keywords == {"vocab_size": 7}
+        made.append(_Server())
+        return made[-1]
+
+    before = set(Path(tempfile.gettempdir()).glob("smg-test-rust-*"))
+    with rust_lane.serving(
+        server_class, "h:1", "tcp://h:2", "/m", {"vocab_size": 7}, engine="Test", alive=bool
+    ) as lifecycle:
+        assert set(Path(tempfile.gettempdir()).glob("smg-test-rust-*")) - before
+        made[0].last_error = "engine gone"
+    assert lifecycle.error == "engine gone" and made[0].stopped == rust_lane.STOP_S
+    assert set(Path(tempfile.gettempdir()).glob("smg-test-rust-*")) == before
+
+    def taken(*args: object, **keywords: object) -> _Server:
+        raise OSError("address in use")
+
+    with (
+        pytest.raises(ConfigError, match="cannot serve on h:1: address in use"),
+        rust_lane.serving(taken, "h:1", "tcp://h:2", "/m", {}, engine="Test", alive=bool),
+    ):
+        pass
+    assert set(Path(tempfile.gettempdir()).glob("smg-test-rust-*")) == before

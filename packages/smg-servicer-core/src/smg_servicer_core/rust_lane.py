@@ -16,8 +16,10 @@ import contextlib
 import importlib
 import logging
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
@@ -146,9 +148,43 @@ class Lifecycle:
             self.stopping.set()
 
     def close(self, stop_s: float = STOP_S) -> str:
-        """NOT_SERVING, stop the server; the error it stopped on ("" for none)."""
+        """NOT_SERVING, stop the server; the error it stopped on ("" for none, also kept as
+        :attr:`error`)."""
         self.stopping.set()
         self.server.set_serving(False)
-        error = str(self.server.last_error or "")
+        self.error = str(self.server.last_error or "")
         self.server.stop(stop_s)
-        return error
+        return self.error
+
+    error = ""
+
+
+@contextlib.contextmanager
+def serving(
+    server_class: Any,
+    bind: str,
+    handshake: str,
+    model: str,
+    keywords: Mapping[str, Any],
+    *,
+    engine: str,
+    alive: Callable[[], bool],
+) -> Generator[Lifecycle]:
+    """The Rust server on ``bind`` (its engine sockets in a private folder, removed after) under
+    a :class:`Lifecycle`, stopped when the block ends; ConfigError when it cannot serve there (the
+    port taken, say). After the block, the error it stopped on is ``lifecycle.error``."""
+    sockets = tempfile.mkdtemp(prefix=f"smg-{engine.lower()}-rust-")
+    try:
+        try:
+            server = server_class(bind, f"ipc://{sockets}/engine", handshake, model, **keywords)
+        except (OSError, RuntimeError, ValueError, TypeError) as err:
+            raise ConfigError(f"the Rust servicer cannot serve on {bind}: {err}") from None
+        logger.info("the Rust servicer listens on %s (NOT_SERVING until %s connects)", bind, engine)
+        lifecycle = Lifecycle(server, alive, engine)
+        try:
+            yield lifecycle
+        finally:
+            if lifecycle.close():
+                logger.error("the Rust servicer stopped on an error: %s", lifecycle.error)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
-import tempfile
 from typing import Any
 
 from smg_servicer_core import rust_lane as lane
@@ -127,27 +125,16 @@ def run(server_args: Any, settings: ResolvedSettings) -> int:
             return ExitCode.CONFIG
         keywords = server_keywords(server_args, config, facts, lane.accepted_keywords(server_class))
         bind = f"{config.host}:{config.port}"
-        sockets = tempfile.mkdtemp(prefix="smg-sglang-rust-")
         try:
-            try:
-                server = server_class(
-                    bind, f"ipc://{sockets}/engine", handshake, str(config.model_path), **keywords
-                )
-            except (OSError, RuntimeError, ValueError, TypeError) as err:  # the port, say
-                print(f"error: the Rust servicer cannot serve on {bind}: {err}", file=sys.stderr)
-                return ExitCode.CONFIG
-            logger.info("the Rust servicer listens on %s (NOT_SERVING until SGLang connects)", bind)
-            lifecycle = lane.Lifecycle(server, _ranks_alive, "SGLang")
-            try:
-                with lifecycle.signals():
-                    code = headless.supervise(relay, server_args, port_args, settings[DRAIN.name])
-            finally:
-                error = lifecycle.close()
-        finally:
-            shutil.rmtree(sockets, ignore_errors=True)
-    if error:
-        logger.error("the Rust servicer stopped on an error: %s", error)
-    return code
+            served = lane.serving(
+                server_class, bind, handshake, str(config.model_path), keywords,
+                engine="SGLang", alive=_ranks_alive,
+            )  # fmt: skip
+            with served as lifecycle, lifecycle.signals():
+                return headless.supervise(relay, server_args, port_args, settings[DRAIN.name])
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return ExitCode.CONFIG
 
 
 def _ranks_alive() -> bool:

@@ -32,9 +32,7 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import shutil
 import sys
-import tempfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -165,28 +163,17 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
     args.zmq_handshake_address = handshake
     keywords = server_keywords(config, accepted_keywords(server_class))
     bind = f"{launch.host}:{launch.port}"
-    sockets = tempfile.mkdtemp(prefix="smg-vllm-rust-")
     try:
-        try:
-            server = server_class(
-                bind, f"ipc://{sockets}/engine", handshake, str(launch.model), **keywords
-            )
-        except (OSError, RuntimeError, ValueError, TypeError) as err:  # the port, say
-            print(f"error: the Rust servicer cannot serve on {bind}: {err}", file=sys.stderr)
-            return ExitCode.CONFIG
-        logger.info("the Rust servicer listens on %s (NOT_SERVING until the engine connects)", bind)
-        lifecycle = lane.Lifecycle(server, _cores_alive, "vLLM")
-        try:
+        with lane.serving(
+            server_class, bind, handshake, str(launch.model), keywords,
+            engine="vLLM", alive=_cores_alive,
+        ) as lifecycle:  # fmt: skip
             headless.prepare_environment()
             with lifecycle.signals():
-                code = headless.run(args, serve.cmd)
-        finally:
-            error = lifecycle.close()
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
-    if error:
-        logger.error("the Rust servicer stopped on an error: %s", error)
-    return code
+                return headless.run(args, serve.cmd)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
 
 
 def _cores_alive() -> bool:
