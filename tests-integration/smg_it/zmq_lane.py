@@ -1,6 +1,7 @@
 """The router's direct ZMQ lane under test: one of our headless launchers on an ``ipc://`` worker
 URL and the real router (``smg launch --backend ENGINE``) in front of it, plus the small waits and
-readers the lane tests share (vLLM: test_vllm_zmq_lane.py, SGLang: test_sglang_zmq_lane.py)."""
+readers the lane tests share (vLLM: test_vllm_zmq_lane.py, SGLang: test_sglang_zmq_lane.py,
+TokenSpeed: packages/smg-servicer-tokenspeed/tests/engine/test_zmq_lane.py)."""
 
 from __future__ import annotations
 
@@ -204,9 +205,25 @@ def check_the_server_aborts_for_a_client_that_left(lane: Lane, long: int, engine
     assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
 
 
-def sigterm_mid_stream(lane: Lane, long: int) -> tuple[list[dict], list[httpx.Response]]:
+def errored(response: httpx.Response) -> bool:
+    """An answer that is an error (what a refused request gets on the vLLM and SGLang lanes)."""
+    return response.status_code != 200
+
+
+def aborted(response: httpx.Response) -> bool:
+    """Refused on a TokenSpeed lane: an error, or a request that ended at once by abort with no
+    token (TokenSpeed's output wire carries the finish type, not a status)."""
+    if response.status_code != 200:
+        return True
+    choice = response.json()["choices"][0]
+    return choice["finish_reason"] == "abort" and not choice["text"]
+
+
+def sigterm_mid_stream(
+    lane: Lane, long: int, refused: Callable[[httpx.Response], bool] = errored
+) -> tuple[list[dict], list[httpx.Response]]:
     """Stream a ``long`` completion; after its first chunks SIGTERM the launcher and post short
-    requests until one is refused (for up to 10 s). The stream's finish reasons and the posts'
+    requests until one is ``refused`` (for up to 10 s). The stream's finish reasons and the posts'
     answers, in order."""
     body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
     answers: list[httpx.Response] = []
@@ -216,7 +233,7 @@ def sigterm_mid_stream(lane: Lane, long: int) -> tuple[list[dict], list[httpx.Re
         got = [next(stream) for _ in range(5)]
         lane.engine.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not answers or answers[-1].status_code == 200):
+        while time.monotonic() < deadline and (not answers or not refused(answers[-1])):
             answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
         got += list(stream)
     pieces = [e["choices"][0] for e in got if e.get("choices")]

@@ -1,7 +1,8 @@
 """``python -m smg_servicer_tokenspeed [servicer flags] <TokenSpeed server flags>``.
 
 The servicer's own flags come first and are taken out (``--grace-period``, ``--metrics-port``,
-``--metrics-host``; each also read from its variable, see :mod:`smg_servicer_tokenspeed.settings`);
+``--metrics-host``, ``--servicer-impl``; each also read from its variable, see
+:mod:`smg_servicer_tokenspeed.settings`; ``rust`` serves through :mod:`.rust_lane`);
 everything else goes to TokenSpeed's ``prepare_server_args`` (``--model``, ``--host``,
 ``--port``, ...). ``--help`` prints both sets. ``ts serve`` runs this module through the facade
 (``python -m smg_grpc_servicer.tokenspeed``). Exit codes (core's ``ExitCode``): 0 stopped by a
@@ -17,7 +18,7 @@ from smg_servicer_core.cli import own_flags_parser, split_launcher_args
 from smg_servicer_core.entry import ExitCode, run_main
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_tokenspeed import forks
-from smg_servicer_tokenspeed.settings import resolve_settings, servicer_settings
+from smg_servicer_tokenspeed.settings import SERVICER_IMPL, resolve_settings, servicer_settings
 
 PROG = "smg_servicer_tokenspeed"
 
@@ -34,6 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         sys.exit(ExitCode.CONFIG)
+    if settings[SERVICER_IMPL.name] == "rust":
+        from smg_servicer_core.entry import configure_logging  # noqa: PLC0415
+        from smg_servicer_tokenspeed import rust_lane  # noqa: PLC0415
+
+        configure_logging("info")
+        sys.exit(rust_lane.run(rest, settings))
     try:
         from smg_servicer_tokenspeed import _tokenspeed as ts  # noqa: PLC0415
         from smg_servicer_tokenspeed.server import run  # noqa: PLC0415

@@ -16,6 +16,7 @@ Everything between gRPC and the scheduler socket stays TokenSpeed's own code.
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import logging
 import multiprocessing
@@ -37,6 +38,7 @@ INSTALL_HINT = (
 try:
     import tokenspeed.runtime.entrypoints.engine as _entry
     from tokenspeed.runtime.engine import io_struct as _io
+    from tokenspeed.runtime.engine import zmq_msgpack as _zmq_msgpack
     from tokenspeed.runtime.pd import kv_events as _kv
     from tokenspeed.runtime.utils.server_args import PortArgs, prepare_server_args
     from tokenspeed.version import __version__ as _version
@@ -47,11 +49,24 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
 #: as ``Any``: the stand-in scheduler and this module use them.
 io: Any = _io
 kv: Any = _kv
+#: TokenSpeed's engine side of the router's direct ZMQ wire (``connect_msgpack_engine``).
+zmq_msgpack: Any = _zmq_msgpack
 TOKENSPEED_VERSION: str = str(_version)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TOKENSPEED_VERSION", "LaunchError", "Launched", "io", "launch", "prepare"]
+__all__ = [
+    "TOKENSPEED_VERSION",
+    "LaunchError",
+    "Launched",
+    "headless_model_facts",
+    "io",
+    "launch",
+    "launch_headless",
+    "prepare",
+    "prepare_headless",
+    "zmq_msgpack",
+]
 
 SCHEDULER_ENTRY = Setting(
     "scheduler_entry",
@@ -65,6 +80,8 @@ SCHEDULER_ENTRY = Setting(
 class LaunchError(Exception):
     """The scheduler ranks did not come up (a rank died or reported a failure)."""
 
+    processes: list[Any] = []
+
 
 def prepare(argv: list[str]) -> Any:
     """TokenSpeed's ``ServerArgs`` from its flags (``--help`` prints TokenSpeed's help and exits).
@@ -77,6 +94,38 @@ def prepare(argv: list[str]) -> Any:
     args.enable_inline_detokenizer = False
     args.stream_output = False
     return args
+
+
+def prepare_headless(argv: list[str]) -> Any:
+    """TokenSpeed's ``ServerArgs`` from its flags, as ``ts serve --headless`` reads them."""
+    return prepare_server_args(argv)
+
+
+def headless_model_facts(server_args: Any) -> dict[str, Any]:
+    """:func:`model_facts` before any front end exists (the Rust lane builds no ``AsyncLLM``):
+    TokenSpeed's own ``ModelConfig`` from ``server_args``, as ``AsyncLLM`` builds it; the
+    scheduler's longest prompt is not known yet (0)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from tokenspeed.runtime.configs.model_config import ModelConfig  # noqa: PLC0415
+
+    server_args.model, server_args.tokenizer = _entry.prepare_model_and_tokenizer(
+        server_args.model, server_args.tokenizer
+    )
+    config = ModelConfig(
+        server_args.model,
+        trust_remote_code=server_args.trust_remote_code,
+        revision=server_args.revision,
+        context_length=server_args.max_model_len,
+        model_override_args=server_args.hf_overrides,
+        dtype=server_args.dtype,
+        quantization=server_args.quantization,
+        server_args=server_args,
+    )
+    front = SimpleNamespace(
+        model_config=config, context_len=config.context_len, tokenizer=None, max_req_input_len=0
+    )
+    return model_facts(front)
 
 
 def _scheduler_entry() -> Callable[..., Any] | None:
@@ -124,6 +173,57 @@ def launch(server_args: Any) -> Launched:
     if llm is None:
         raise LaunchError("this node runs no front end (node_rank >= 1 is not served over gRPC)")
     return Launched(llm, server_args, dict(info or {}), processes)
+
+
+def scheduler_entry() -> Callable[..., Any]:
+    """What a scheduler rank runs: TokenSpeed's ``run_event_loop``, or the replacement that
+    ``SMG_TOKENSPEED_SCHEDULER`` names."""
+    return _scheduler_entry() or _entry.run_event_loop
+
+
+def aim_headless(server_args: Any, host: str, port: int) -> None:
+    """Make ``server_args`` start the scheduler ranks the way ``ts serve --headless`` does (the
+    msgpack wire, no tokenizer: the router sends token ids), dialing ``tcp://host:port``."""
+    server_args.zmq_msgpack = True
+    server_args.skip_tokenizer_init = True
+    server_args.data_parallel_address = host
+    server_args.data_parallel_rpc_port = port
+
+
+def launch_headless(server_args: Any, target: Callable[..., Any]) -> list[Any]:
+    """Start this node's scheduler ranks, each running ``target`` (``run_event_loop``'s
+    signature), and wait until every one is ready: TokenSpeed's own ``launch_scheduler_headless``
+    up to its supervision, which is the caller's (it terminates the ranks on SIGTERM; ours
+    drains them). The ranks, started; :class:`LaunchError` when one dies or fails starting (the
+    ranks started are the error's ``processes``)."""
+    _entry._set_envs_and_config(server_args)  # pyright: ignore[reportPrivateUsage]
+    port_args = PortArgs.init_new(server_args)
+    server_args.model, server_args.tokenizer = _entry.prepare_model_and_tokenizer(
+        server_args.model, server_args.tokenizer
+    )
+    mapping = server_args.mapping
+    first = mapping.nprocs_per_node * server_args.node_rank
+    processes: list[Any] = []
+    readers: list[Any] = []
+    for rank in range(first, first + mapping.nprocs_per_node):
+        rank_args = copy.copy(server_args)
+        rank_args.mapping = copy.deepcopy(mapping)
+        rank_args.mapping.rank = rank
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.Process(target=target, args=(rank_args, port_args, writer))
+        process.start()
+        processes.append(process)
+        readers.append(reader)
+    for i, reader in enumerate(readers):
+        try:
+            status = reader.recv().get("status")
+        except EOFError:
+            status = None
+        if status != "ready":
+            error = LaunchError(f"scheduler rank {i} failed during start-up")
+            error.processes = processes
+            raise error
+    return processes
 
 
 def start_frontend(llm: Any, on_failure: Callable[[str], None]) -> list[asyncio.Task[None]]:

@@ -18,12 +18,15 @@ importing TokenSpeed, so ``python -m smg_servicer_tokenspeed`` refuses a bad one
 | | ``TOKENSPEED_PAUSE_PROBE_TIMEOUT`` | ``2`` | ``GetServerInfo``'s pause-state wait (s) |
 | | ``SMG_PAIRING_PROTOCOL`` | | advertised PD pairing protocol |
 | | ``SMG_TOKENSPEED_SCHEDULER`` | | ``module:function`` replacing the scheduler (tests) |
+| ``--servicer-impl`` | ``SMG_TOKENSPEED_SERVICER_IMPL`` | ``python`` | ``rust``: the Rust server |
+| | ``SMG_TOKENSPEED_DRAIN_TIMEOUT_S`` | ``30`` | the Rust lane's drain after SIGTERM (s) |
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from smg_servicer_core import rust_lane
 from smg_servicer_core.cli import SERVER_SETTINGS, metrics_settings
 from smg_servicer_core.config import ResolvedSettings, Setting, environment, parse_bool, resolve
 from smg_servicer_core.config import setting_value as value_of
@@ -64,6 +67,18 @@ PAUSE_PROBE_TIMEOUT = Setting(
     "seconds GetServerInfo waits for the scheduler's pause state",
     env="TOKENSPEED_PAUSE_PROBE_TIMEOUT",
 )
+SERVICER_IMPL = rust_lane.impl_setting(
+    "tokenspeed",
+    "no --metrics-port, TLS, attention data parallelism or prefill/decode/encode roles there",
+)
+DRAIN = Setting(
+    "drain_timeout_s",
+    float,
+    30.0,
+    "seconds a SIGTERM waits for the streams in flight on the Rust lane",
+    env="SMG_TOKENSPEED_DRAIN_TIMEOUT_S",
+    validate=lambda v: None if v >= 0 else "must be >= 0",
+)
 PAIRING_PROTOCOL = Setting(
     "pairing_protocol", str.strip, "", "advertised PD pairing protocol", env="SMG_PAIRING_PROTOCOL"
 )
@@ -71,8 +86,9 @@ PAIRING_PROTOCOL = Setting(
 
 def servicer_settings() -> tuple[Setting[Any], ...]:
     """The servicer's own settings (TokenSpeed owns host, port, model and logging): the grace
-    period and shutdown margin, the metrics flags, the message-size limit and TLS (TokenSpeed
-    has no TLS flags of its own)."""
+    period and shutdown margin, the metrics flags, the message-size limit, TLS (TokenSpeed
+    has no TLS flags of its own) and the implementation (``--servicer-impl``, with the Rust
+    lane's drain)."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
     return (
         grace,
@@ -80,6 +96,8 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
         *metrics_settings("tokenspeed"),
         MAX_MESSAGE_BYTES,
         *TLS_SETTINGS,
+        SERVICER_IMPL,
+        DRAIN,
     )
 
 

@@ -45,6 +45,15 @@ def serve_command(
     ]  # fmt: skip
 
 
+def headless_command(model: Path, worker_url: str, *extra: str, python: Path) -> list[str]:
+    """``python -m smg_grpc_servicer.tokenspeed.headless`` (the router's direct ZMQ lane) on the
+    tiny model, dialing the router of the ``ipc://`` ``worker_url``."""
+    return [
+        str(python), "-m", "smg_grpc_servicer.tokenspeed.headless", "--zmq-worker-url", worker_url,
+        "--model", str(model), *CPU_FLAGS, *extra,
+    ]  # fmt: skip
+
+
 #: A multimodal architecture TokenSpeed 0.1.1 knows (``is_multimodal_model``).
 MULTIMODAL_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 

@@ -10,7 +10,7 @@ sockets and answers with TokenSpeed's ``io_struct`` messages:
 - the ready dict on the start-up pipe (``max_model_len`` from the model's ``config.json``);
 - ``TokenizedGenerateReqInput``: one token per running request per step (``step_ms``), batched
   into one ``BatchTokenIDOut`` per step; tokens are a deterministic function of the request's
-  seed, prompt and position (:func:`token_at`; greedy requests have TokenSpeed's pinned seed 0),
+  seed, prompt and position (:func:`token_at`; greedy requests, ``top_k`` 1, use seed 0),
   never an EOS id; ``stop_token_ids`` finish with ``{"type": "stop", "matched": id}``,
   ``max_new_tokens`` with ``{"type": "length"}``; logprob columns when asked;
 - ``AbortReq`` drops the request; ``FlushCacheReqInput`` succeeds only with nothing running;
@@ -30,6 +30,13 @@ With ``--disaggregation-mode encode`` it stands in for TokenSpeed's encode loop
 each ``EncodeRequest`` taken and recorded (its bootstrap and items), every other message dropped
 with a warning and no reply, as the real loop does; no load snapshot.
 
+Under ``--zmq-msgpack`` (what ``ts serve --headless`` and our headless launcher set, the router's
+direct ZMQ lane) it dials the router through TokenSpeed's own ``zmq_msgpack.connect_msgpack_engine``
+before it reports ready, as the real loop does, takes the router's requests from that socket (a
+request TokenSpeed's wire marked invalid ends at once with an abort, as the real scheduler admits it
+pre-finished), puts its load on every output batch (``set_load_snapshot``), and on SIGTERM stops and
+sends the dead-engine sentinel, as the real loop does.
+
 Every message it receives is appended as one JSON line to ``record`` (when set), which is how
 tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDIN`` (a JSON object:
 ``step_ms``, ``record``, ``crash_prefix``, ``refuse``).
@@ -41,6 +48,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import time
 import uuid
 import zlib
@@ -52,7 +60,7 @@ from typing import Any, cast
 import zmq
 
 from smg_servicer_core.config import Setting, setting_value
-from smg_servicer_tokenspeed._tokenspeed import io, kv
+from smg_servicer_tokenspeed._tokenspeed import TOKENSPEED_VERSION, io, kv, zmq_msgpack
 
 logger = logging.getLogger(__name__)
 
@@ -130,15 +138,22 @@ class StandIn:
         record = options.get("record")
         self.record_path = Path(record) if record else None
         self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.connect(port_args.scheduler_input_ipc_name)
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.connect(port_args.tokenizer_ipc_name)
-        self.loads = self.ctx.socket(zmq.PUSH)
-        self.loads.connect(port_args.metrics_ipc_name)
-        self.receiver = io.IpcReceiver(self.pull)
-        self.sender = io.IpcSender(self.push)
+        self.msgpack = bool(getattr(server_args, "zmq_msgpack", False))
+        self.stopping = False
         self.encoder = io.MsgpackEncoder()
+        if self.msgpack:
+            self.receiver, self.sender = self._dial(server_args)
+            self.pull = self.receiver._socket  # pyright: ignore[reportPrivateUsage]
+            signal.signal(signal.SIGTERM, self._stop)
+        else:
+            self.pull = self.ctx.socket(zmq.PULL)
+            self.pull.connect(port_args.scheduler_input_ipc_name)
+            self.push = self.ctx.socket(zmq.PUSH)
+            self.push.connect(port_args.tokenizer_ipc_name)
+            self.loads = self.ctx.socket(zmq.PUSH)
+            self.loads.connect(port_args.metrics_ipc_name)
+            self.receiver = io.IpcReceiver(self.pull)
+            self.sender = io.IpcSender(self.push)
         self.running: dict[str, _Req] = {}
         self.profiling = False
         self.epoch = uuid.uuid4().hex
@@ -147,6 +162,33 @@ class StandIn:
         self.last_load_at = 0.0
         self.kv_publisher = kv.EventPublisherFactory.create(server_args.kv_events_config, 0)
         self.cached: set[int] = set()
+
+    def _dial(self, server_args: Any) -> tuple[Any, Any]:
+        """The router's handshake, as the real loop's ``connect_msgpack_engine_for_loop``."""
+        wire = zmq_msgpack.zmq_wire
+        ready = wire.WireEngineCoreReadyResponse(
+            max_model_len=self.context,
+            num_gpu_blocks=KV_TOKENS // BLOCK,
+            prefix_granularity=BLOCK,
+            dtype="float32",
+            vllm_version=f"tokenspeed-{TOKENSPEED_VERSION}",
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=self.context,
+            instance_id=server_args.served_model_name or server_args.model,
+            kv_cache_size_tokens=KV_TOKENS,
+        )
+        return zmq_msgpack.connect_msgpack_engine(
+            self.ctx,
+            server_args.zmq_handshake_endpoint(),
+            int(server_args.zmq_engine_index),
+            ready,
+            self.vocab,
+            enable_output_logprobs=bool(server_args.enable_output_logprobs),
+            supports_prompt_logprobs=False,
+        )
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
 
     def ready(self) -> dict[str, Any]:
         return {
@@ -170,14 +212,28 @@ class StandIn:
     def serve(self) -> None:
         poller = self.zmq.Poller()
         poller.register(self.pull, self.zmq.POLLIN)
-        while True:
+        while not self.stopping:
             timeout_ms = int((self.step_s if self.running else HEARTBEAT_S) * 1000) or 1
             if poller.poll(timeout_ms):
-                while self.pull.poll(0):
-                    self.handle(self.receiver.recv_pyobj())
+                self.receive()
             if self.running:
                 self.step()
             self.publish_load()
+        logger.info("stand-in scheduler: stopping (%d request(s) running)", len(self.running))
+        if self.msgpack:
+            self.sender.send_engine_dead()
+
+    def receive(self) -> None:
+        if not self.msgpack:
+            while self.pull.poll(0):
+                self.handle(self.receiver.recv_pyobj())
+            return
+        while True:  # the msgpack socket buffers what one frame decodes to
+            try:
+                obj = self.receiver.recv_pyobj(self.zmq.NOBLOCK)
+            except self.zmq.Again:
+                return
+            self.handle(obj)
 
     def handle(self, obj: Any) -> None:
         io = self.io
@@ -228,11 +284,17 @@ class StandIn:
                 "json_schema": params.json_schema,
                 "regex": params.regex,
                 "structural_tag": params.structural_tag,
+                "validation_error": getattr(obj, "validation_error", None),
             }
         )
         if self.crash_prefix and rid.startswith(self.crash_prefix):
             logger.error("stand-in scheduler: injected crash on %s", rid)
             os._exit(CRASH_EXIT)
+        invalid = getattr(obj, "validation_error", None)
+        if invalid:  # the real scheduler admits it pre-finished (FINISH_ABORT)
+            aborted = {"type": "abort", "message": f"Invalid request: {invalid}"}
+            self.emit([(_Req(rid, list(obj.input_ids or []), 0, 0, set(), False), [], aborted)])
+            return
         status = next((v for k, v in self.refuse.items() if rid.startswith(k)), None)
         if status is not None:
             message = f"the stand-in scheduler refused the request ({status})"
@@ -243,7 +305,9 @@ class StandIn:
             rid=rid,
             prompt=list(obj.input_ids or []),
             max_new=int(max_new),
-            seed=int(params.seed or 0),
+            # Greedy (top_k 1, what temperature 0 becomes) does not depend on the seed, which
+            # TokenSpeed's msgpack wire derives from the request id when none was given.
+            seed=0 if params.top_k == 1 else int(params.seed or 0),
             stop_ids=set(params.stop_token_ids or ()),
             return_logprob=bool(obj.return_logprob),
         )
@@ -293,6 +357,7 @@ class StandIn:
                 del self.running[req.rid]
             out.append((req, [token], finish))
         if out:
+            self.publish_load()  # on the msgpack wire the load rides on this batch
             self.emit(out)
 
     def emit(self, rows: list[tuple[_Req, list[int], dict[str, Any] | None]]) -> None:
@@ -349,6 +414,11 @@ class StandIn:
         if load == self.last_load and now - self.last_load_at < HEARTBEAT_S:
             return
         self.last_load, self.last_load_at = load, now
+        if self.msgpack:  # the load rides on the next output batch
+            self.sender.set_load_snapshot(
+                len(self.running), 0, -(-used // BLOCK), KV_TOKENS // BLOCK
+            )
+            return
         self.sequence += 1
         snapshot = self.io.LoadSnapshot(
             self.epoch, self.sequence, 0, len(self.running), 0, used, used, KV_TOKENS,
