@@ -228,8 +228,17 @@ def rank_main(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
 # -- the launcher ------------------------------------------------------------------------------
 
 
+#: What a rank sends its launcher when its loop fails (TokenSpeed's ``register_usr_signal``), and
+#: SIGQUIT (TokenSpeed's launch-phase teardown): a failure, not a stop.
+FAILURE_SIGNALS = (signal.SIGUSR1, signal.SIGQUIT)
+
+
 class _Stop(Exception):
-    """A signal while the ranks start."""
+    """A signal while the ranks start: a stop, or a rank's failure (:data:`FAILURE_SIGNALS`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_stop(signum: int, frame: object) -> None:
@@ -259,7 +268,7 @@ class Supervisor:
         self.failure: str | None = None
 
     def on_signal(self, signum: int, frame: object) -> None:
-        if signum in (signal.SIGUSR1, signal.SIGQUIT):
+        if signum in FAILURE_SIGNALS:
             self.failure = "a scheduler rank reported a fatal error"
         else:
             self.stop_asked = True
@@ -305,19 +314,22 @@ def supervise(relay: HandshakeRelay, server_args: Any, drain_s: float) -> int:
 
     host, _, port = relay.address.removeprefix("tcp://").rpartition(":")
     ts.aim_headless(server_args, host, int(port))
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, *FAILURE_SIGNALS):
         signal.signal(sig, _raise_stop)
     try:
         processes = ts.launch_headless(server_args, rank_main)
-    except _Stop:
+    except _Stop as stop:
         _terminate(multiprocessing.active_children(), STOP_S)
+        if stop.signum in FAILURE_SIGNALS:
+            logger.error("a scheduler rank failed while starting (signal %d)", stop.signum)
+            return ExitCode.ENGINE_DIED
         return ExitCode.OK  # asked to stop while starting
     except ts.LaunchError as err:
         _terminate(err.processes, STOP_S)
         logger.error("the scheduler could not start: %s", err)
         return ExitCode.ENGINE_DIED
     supervisor = Supervisor(processes, relay, drain_s)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGINT, *FAILURE_SIGNALS):
         signal.signal(sig, supervisor.on_signal)
     logger.info("the scheduler is registered; serving")
     try:

@@ -9,8 +9,8 @@ Chat and completions, streaming and not, with usage; logprobs and a grammar reac
 scheduler; bad input (refused before the scheduler runs it: the router answers ``finish_reason``
 "abort", as TokenSpeed's wire carries only the finish type); the load the router reads; a client
 that disconnects (the scheduler gets the abort); SIGTERM (the stream in flight finishes, a new
-request is refused, exit 0); engine death (the router is told at once, exit 1); a stop while the
-router is not there yet; configuration errors (exit 2)."""
+request is refused, exit 0); engine death (the router is told at once, exit 1); a stop or a rank's
+failure while the router is not there yet; configuration errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -186,15 +186,22 @@ def test_engine_death_is_told_to_the_router_at_once(
         lane.stop()
 
 
-def test_a_stop_before_the_router_answers_exits_0(tiny_model: Path, tmp_path: Path) -> None:
-    """SIGTERM while the rank waits for a router that is not there yet: exit 0, nothing left."""
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 0), (signal.SIGUSR1, 1)], ids=["stop", "rank-failure"]
+)
+def test_a_signal_before_the_router_answers(
+    tiny_model: Path, tmp_path: Path, signum: int, code: int
+) -> None:
+    """While the rank waits for a router that is not there yet: SIGTERM is a stop (exit 0);
+    SIGUSR1, what a TokenSpeed rank sends its launcher when its loop fails, is a failure (exit 1,
+    not the signal's default death). Nothing is left running either way."""
     command = headless_command(tiny_model, f"ipc://{tmp_path}/nobody", python=Path(sys.executable))
     engine = start_worker(command, 0, "", standin_env())
     try:
         until(lambda: "msgpack handshake: connected" in engine.tail(), 120, engine.tail())
         everything = engine.children()
-        engine.proc.send_signal(signal.SIGTERM)
-        assert engine.proc.wait(30) == 0, engine.tail()
+        engine.proc.send_signal(signum)
+        assert engine.proc.wait(30) == code, engine.tail()
         _, alive = psutil.wait_procs(everything, timeout=10)
         assert not alive, f"left running: {alive}"
     finally:
