@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from smg_it.harness import free_port, tokenspeed_worker
 from smg_servicer_core.testing.process import WorkerProcess
 from smg_servicer_core.testing.requests import SERVICES
@@ -43,3 +45,9 @@ def start_ts(
         record=str(record), **options,
     )  # fmt: skip
     return worker.start()
+
+
+def scheduler_ranks(worker: WorkerProcess) -> list[psutil.Process]:
+    """The scheduler ranks under a headless or Rust-lane launcher (spawned: TokenSpeed's start
+    method)."""
+    return [p for p in worker.children() if "spawn_main" in " ".join(p.cmdline())]

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from smg_it.tokenspeed_suite import SERVICE, Record
+from smg_it.tokenspeed_suite import SERVICE, Record, scheduler_ranks
 from smg_it.zmq_lane import (
     Lane,
     aborted,
@@ -72,10 +72,6 @@ def refused_here(response: httpx.Response) -> bool:
     return aborted(response)
 
 
-def ranks(lane: Lane) -> list[psutil.Process]:
-    return [p for p in lane.engine.children() if "spawn_main" in " ".join(p.cmdline())]
-
-
 @pytest.fixture(scope="module")
 def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
     return Record(tmp_path_factory.mktemp("rust-ts-record") / "record.jsonl")
@@ -97,7 +93,7 @@ def test_the_rust_servicer_serves_and_says_so(lane: Lane) -> None:
     worker = lane.worker()
     assert (worker["connection_mode"], worker["runtime_type"]) == ("grpc", "tokenspeed")
     assert worker["is_healthy"] and worker["model_id"] == lane.model
-    assert len(ranks(lane)) == 1
+    assert len(scheduler_ranks(lane.engine)) == 1
 
 
 def test_model_and_server_info_are_the_models(lane: Lane, tiny_model: Path) -> None:
@@ -144,7 +140,9 @@ def test_bad_input_is_refused_and_the_scheduler_serves_on(lane: Lane, record: Re
         assert refused_here(refused), (bad, refused.status_code, refused.text)
     served_ok = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
     assert served_ok.status_code == 200, served_ok.text
-    assert lane.engine.proc.poll() is None and all(r.is_running() for r in ranks(lane))
+    assert lane.engine.proc.poll() is None and all(
+        r.is_running() for r in scheduler_ranks(lane.engine)
+    )
 
 
 def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
@@ -158,7 +156,7 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
 
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """Last in this module with the shared lane: it stops it."""
-    started = ranks(lane)
+    started = scheduler_ranks(lane.engine)
     finishes, answers = sigterm_mid_stream(lane, 600, aborted)
     assert finishes == ["length"]
     assert answers and aborted(answers[-1]), [a.status_code for a in answers]
@@ -178,7 +176,7 @@ def test_ts_serve_with_the_variable_and_engine_death(
     lane = served(tiny_model, record, env={"SMG_TOKENSPEED_SERVICER_IMPL": "rust"})
     try:
         assert "servicer implementation: rust (env)" in lane.engine.tail(100_000)
-        (rank,) = ranks(lane)
+        (rank,) = scheduler_ranks(lane.engine)
         kill_mid_stream(lane, rank, LONG)
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:

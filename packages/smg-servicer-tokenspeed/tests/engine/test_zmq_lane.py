@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from smg_it.tokenspeed_suite import Record
+from smg_it.tokenspeed_suite import Record, scheduler_ranks
 from smg_it.zmq_lane import (
     Lane,
     aborted,
@@ -50,11 +50,6 @@ def ts_lane(model: Path, sockets: Path, record: Record) -> Lane:
     return Lane(
         command, "tokenspeed", model, url, env=standin_env(step_ms=5, record=str(record.path))
     )
-
-
-def ranks(lane: Lane) -> list[psutil.Process]:
-    """The scheduler ranks under the launcher (spawned: TokenSpeed's start method)."""
-    return [p for p in lane.engine.children() if "spawn_main" in " ".join(p.cmdline())]
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +151,7 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     meanwhile is refused (an abort, no token); the ranks stop the way TokenSpeed's loop stops,
     the launcher exits 0 and leaves nothing running; the router is told the worker is gone. Last
     in this module: it stops the shared lane."""
-    started = ranks(lane)
+    started = scheduler_ranks(lane.engine)
     assert started
     finishes, answers = sigterm_mid_stream(lane, LONG, aborted)
     assert finishes == ["length"]
@@ -179,7 +174,7 @@ def test_engine_death_is_told_to_the_router_at_once(
     record = Record(tmp_path_factory.mktemp("zmq-ts-death") / "record.jsonl")
     lane = ts_lane(tiny_model, tmp_path_factory.mktemp("zmq-ts-death"), record)
     try:
-        (rank,) = ranks(lane)
+        (rank,) = scheduler_ranks(lane.engine)
         kill_mid_stream(lane, rank, LONG)
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:
