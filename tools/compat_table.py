@@ -170,6 +170,7 @@ def _selection(run: dict[str, object]) -> str:
     """The session's ``-k``/``-m`` selection, shown: a partial session says so."""
     args = [str(a) for a in run.get("args", []) or []]  # type: ignore[union-attr]
     picked = [f"{a} {b}" for a, b in itertools.pairwise(args) if a in ("-k", "-m")]
+    picked = list(dict.fromkeys(picked))  # one run's sessions, recorded as one, repeat theirs
     return f" ({'; '.join(picked)})" if picked else ""
 
 

@@ -11,6 +11,8 @@
 #   5. the MLX floor (.venv-mlx032): the MLX package's tests on mlx and mlx-lm 0.32.0;
 #   6. the SGLang floor (.venv-sglang0520): the SGLang package's tests and the SGLang router
 #      round trip on SGLang 0.5.20.
+# and, last beside the first, a second session in the workspace (`workspace-b`: the Rust-lane and
+# NIXL router tests), so that the two lanes of a 2-core machine end together.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:
@@ -20,9 +22,10 @@
 #   bash tools/test.sh --fast   the developer tier: unit and contract tests only (fakes: no
 #                               engine, no router), in every environment (a few minutes)
 #
-# The first environment (the workspace, the longest) runs in the foreground; the others run
-# beside it, one after another, their output kept in .cache/test-logs/<env>.log and printed when
-# the foreground run ends (a workspace run keeps about one of two cores busy). Each run's time is
+# The first environment (the workspace, the longest) runs in the foreground once the environments
+# its jobs need are built; the others are built and run beside it, one after another, their
+# output kept in .cache/test-logs/<env>.log and printed when the foreground run ends (a
+# workspace run keeps about one of two cores busy). Each run's time (its build included) is
 # printed last. SMG_TEST_SERIAL=1 runs them one after another in the foreground instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,10 +58,26 @@ if [[ "${1:-}" == "--fast" ]]; then
     fast=(-m "unit or contract")
 fi
 args=("$@")
-for line in "${envs[@]}"; do
-    read -r _ _ install _ <<<"$line"
-    [[ "$install" == - ]] || bash "$install" || exit 1
-done
+# install_env NAME: build that environment when missing or stale (its install script; the
+# workspace's is `uv run`'s sync).
+install_env() {
+    local line env_name install
+    for line in "${envs[@]}"; do
+        read -r _ env_name install _ <<<"$line"
+        [[ "$env_name" == "$1" && "$install" != - ]] && { bash "$install" || return 1; }
+    done
+    return 0
+}
+# Before the first environment's run: what its jobs start workers from (their NEEDS). Every
+# other environment is built just before its own run, beside the first one's tests (their
+# installs, ~2 min on a fresh machine, are off the first run's path).
+first=$(awk '$1 == "env" { print $2; exit }' tools/envs/list)
+mapfile -t needed < <(awk -v first="$first" '$1 == "job" && $3 == first && $4 != "-" {
+    n = split($4, other, ","); for (i = 1; i <= n; i++) print other[i] }' tools/envs/list | sort -u)
+for name in "${needed[@]}"; do install_env "$name" || exit 1; done
+# One id for every pytest session of this run: an environment's jobs split over two sessions
+# (the workspace's) are recorded as one run (tests-integration/smg_it/compat.py).
+export SMG_TEST_RUN_ID="${SMG_TEST_RUN_ID:-$$-$(date +%s)}"
 logs=.cache/test-logs
 mkdir -p "$logs"
 rm -f "$logs"/*.log "$logs/times"
@@ -75,6 +94,11 @@ run_env() {
         read -r _ _ job_env _ job_paths <<<"$line"
         [[ "$job_env" == "$name" ]] && read -ra more <<<"$job_paths" && paths+=("${more[@]}")
     done
+    if ! install_env "$name"; then
+        echo "the $name environment could not be built" >&2
+        printf '%-12s %5ss  exit %s\n' "$name" "$(( SECONDS - started ))" "install" >>"$logs/times"
+        return 1
+    fi
     # shellcheck disable=SC2086  # the command is words: a runner, its flags, maybe env VAR=...
     $command "${paths[@]}" "${fast[@]}" "${args[@]}" || code=$?
     # --fast: an environment with no unit or contract test selected (pytest's 5) is not a failure.

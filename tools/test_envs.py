@@ -22,6 +22,8 @@ pytestmark = pytest.mark.unit
 #: Environments of an older engine release: they run again, on that release, paths the
 #: workspace runs (selected by their pytest command's ``-k``), so they are outside "once".
 RERUNS = {"vllm027": "-k vllm", "mlx032": "-m pytest", "sglang0520": "-k sglang"}
+#: Further sessions in the workspace's environment (beside the first, on other paths).
+WORKSPACE_SESSIONS = {"workspace-b"}
 
 
 def listed_jobs() -> list[dict[str, str]]:
@@ -46,12 +48,14 @@ def ignored() -> set[str]:
 def test_every_environment_is_listed_with_its_install_script() -> None:
     jobs = listed_jobs()
     envs = {job["env"] for job in jobs}
-    assert envs == {"workspace", "sglang", "tokenspeed", *RERUNS}
+    assert envs == {"workspace", "sglang", "tokenspeed", *RERUNS, *WORKSPACE_SESSIONS}
     assert len({job["job"] for job in jobs}) == len(jobs), "job names are unique"
     for job in jobs:
         for script in job["installs"].split():
             assert (REPO / script).is_file(), script
-        if job["env"] != "workspace":
+        if job["env"] in WORKSPACE_SESSIONS:
+            assert job["run"] == "uv run --no-sync pytest", job["run"]
+        elif job["env"] != "workspace":
             assert f"tools/envs/{job['env']}-cpu/install.sh" in job["installs"].split()
             assert f".venv-{job['env']}/bin/python -m pytest" in job["run"]
             if job["env"] in RERUNS:
@@ -83,6 +87,7 @@ def test_the_jobs_run_every_test_once_in_its_environment() -> None:
     assert len({p for p, _ in paths}) == len(paths), "no folder is run twice"
     # The other environments run exactly what the workspace's pytest ignores.
     assert {p for p, env in paths if env != "workspace"} == ignored()
+    assert {p for p, env in paths if env in WORKSPACE_SESSIONS}, "a second workspace session"
     testpaths = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"][
         "ini_options"
     ]["testpaths"]

@@ -105,16 +105,33 @@ def check_environment(env: str | None) -> list[str]:
     return problems
 
 
+#: Set by ``tools/test.sh`` for all the pytest sessions of one run: an environment's jobs may be
+#: split over several sessions (the workspace's ``workspace-b`` runs beside the first), and their
+#: records add up.
+RUN_ID = "SMG_TEST_RUN_ID"
+
+
 def record_session(env: str, passed: int, failed: int, exit_status: int, args: list[str]) -> Path:
     """Keep what this session ran on its environment's releases, with its pytest arguments (the
-    last session wins: a partial run says so), for the closing note's table (``python
-    tools/compat_table.py --results``)."""
+    last session wins: a partial run says so; the sessions of one ``tools/test.sh`` run add up),
+    for the closing note's table (``python tools/compat_table.py --results``)."""
+    import fcntl
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     releases = {r.dist: r.version for r in declared() if r.env == env}
     target = RESULTS / f"run-{env}.json"
+    run_id = os.environ.get(RUN_ID, "")
     body = {"releases": releases, "passed": passed, "failed": failed, "exit": exit_status,
-            "args": args}  # fmt: skip
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
-    tmp.replace(target)
+            "args": args, "run": run_id}  # fmt: skip
+    with (RESULTS / f"run-{env}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # sessions of one run may end together
+        earlier = json.loads(target.read_text()) if target.is_file() else {}
+        if run_id and earlier.get("run") == run_id:
+            body["passed"] = int(earlier["passed"]) + passed
+            body["failed"] = int(earlier["failed"]) + failed
+            body["exit"] = max(int(earlier["exit"]), exit_status)
+            body["args"] = [*earlier["args"], *args]
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        tmp.replace(target)
     return target
