@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
+from smg_it.smg_serve import completion, smg_serve, stop_leaving_nothing, wait_answering
 from smg_it.zmq_lane import (
     Lane,
     check_stream_and_non_stream_agree,
@@ -192,8 +191,7 @@ def test_smg_serve_runs_the_rust_lane(tiny_model: Path, tmp_path: Path) -> None:
     from smg_servicer_vllm.testing import cpu_flags
 
     port = free_port()
-    command = [
-        sys.executable, "-m", "smg", "serve",
+    flags = [
         "--backend", "vllm", "--connection-mode", "grpc", "--servicer-impl", "rust",
         "--host", "127.0.0.1", "--port", str(port),
         "--worker-host", "127.0.0.1", "--worker-base-port", str(free_port()),
@@ -201,30 +199,11 @@ def test_smg_serve_runs_the_rust_lane(tiny_model: Path, tmp_path: Path) -> None:
         *cpu_flags(tiny_model),
     ]  # fmt: skip
     log = tmp_path / "smg-serve.log"
-    with log.open("w") as out:
-        serve = psutil.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        base = f"http://127.0.0.1:{port}"
-
-        def answered() -> bool:
-            try:
-                body = {"model": str(tiny_model), "prompt": "Hello", "max_tokens": 4}
-                reply = httpx.post(base + "/v1/completions", json=body, timeout=30)
-            except httpx.HTTPError:
-                return False
-            return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-
-        until(lambda: answered() or serve.poll() is not None, 300, "smg serve never answered")
-        assert serve.poll() is None, "smg serve exited"
-        everything = serve.children(recursive=True)
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(90)
-        _, alive = psutil.wait_procs(everything, timeout=30)
-        assert not alive, f"left running: {alive}"
-    finally:
-        if serve.poll() is None:
-            for child in serve.children(recursive=True):
-                child.kill()
-            serve.kill()
+    base = f"http://127.0.0.1:{port}"
+    with smg_serve(flags, log) as serve:
+        wait_answering(serve, base, tiny_model, log)
+        reply = completion(base, tiny_model)
+        assert reply is not None and reply.json()["usage"]["completion_tokens"] == 4
+        stop_leaving_nothing(serve)
     output = log.read_text(errors="replace")
     assert "servicer implementation: rust (env)" in output, output[-3000:]

@@ -13,16 +13,14 @@ the workspace."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
-from smg_it.zmq_lane import until
+from smg_it.smg_serve import completion, smg_serve, stop_leaving_nothing, wait_answering
 from smg_servicer_core.testing.process import free_port
 
 pytestmark = pytest.mark.integration
@@ -75,8 +73,7 @@ def test_smg_serve_on_the_zmq_lane_answers_through_vllms_headless_cores(
     sockets = tmp_path / "sockets"
     env = _environ() | {"PYTHONPATH": str(shim), "SMG_ZMQ_SOCKET_DIR": str(sockets)}
     port = free_port()
-    command = [
-        sys.executable, "-m", "smg", "serve",
+    flags = [
         "--backend", "vllm", "--connection-mode", "zmq",
         "--host", "127.0.0.1", "--port", str(port),
         "--worker-host", "127.0.0.1", "--worker-base-port", str(free_port()),
@@ -84,26 +81,11 @@ def test_smg_serve_on_the_zmq_lane_answers_through_vllms_headless_cores(
         "--router-prometheus-host", "127.0.0.1", "--router-prometheus-port", str(free_port()),
         *cpu_flags(tiny_model),
     ]  # fmt: skip
-    log = tmp_path / "smg-serve.log"
-    with log.open("w") as out:
-        serve = psutil.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
-    try:
-
-        def completion() -> httpx.Response | None:
-            body = {"model": str(tiny_model), "prompt": "Hello", "max_tokens": 4}
-            try:
-                return httpx.post(base + "/v1/completions", json=body, timeout=30)
-            except httpx.HTTPError:
-                return None
-
-        def answered() -> bool:
-            reply = completion()
-            return reply is not None and reply.status_code == 200
-
-        until(lambda: answered() or serve.poll() is not None, 300, "smg serve never answered")
-        assert serve.poll() is None, log.read_text(errors="replace")[-3000:]
-        reply = completion()
+    log = tmp_path / "smg-serve.log"
+    with smg_serve(flags, log, env) as serve:
+        wait_answering(serve, base, tiny_model, log)
+        reply = completion(base, tiny_model)
         assert reply is not None and reply.json()["usage"]["completion_tokens"] == 4
         chat = httpx.post(
             base + "/v1/chat/completions",
@@ -116,14 +98,6 @@ def test_smg_serve_on_the_zmq_lane_answers_through_vllms_headless_cores(
         )
         assert chat.status_code == 200, chat.text
         assert chat.json()["usage"]["completion_tokens"] == 3
-        everything = serve.children(recursive=True)
-        assert any("--headless" in p.cmdline() for p in everything), "no headless vLLM CLI"
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(90)
-        _, alive = psutil.wait_procs(everything, timeout=30)
-        assert not alive, f"left running: {alive}"
-    finally:
-        if serve.poll() is None:
-            for child in serve.children(recursive=True):
-                child.kill()
-            serve.kill()
+        headless = [p for p in serve.children(recursive=True) if "--headless" in p.cmdline()]
+        assert headless, "no headless vLLM CLI"
+        stop_leaving_nothing(serve)
