@@ -64,6 +64,29 @@ def test_the_setting_takes_flag_then_variable_then_python() -> None:
         resolve((setting,), None, {"SMG_SGLANG_SERVICER_IMPL": "go"})
 
 
+def test_the_start_line_says_the_choice_and_its_source() -> None:
+    setting = rust_lane.impl_setting("tokenspeed", "nothing")
+    chosen = resolve((setting,), None, {"SMG_TOKENSPEED_SERVICER_IMPL": "rust"})
+    assert rust_lane.impl_line(chosen) == "servicer implementation: rust (env)"
+
+
+def test_the_drain_setting_is_per_engine_and_not_negative() -> None:
+    drain = rust_lane.drain_setting("sglang")
+    assert drain.env == "SMG_SGLANG_DRAIN_TIMEOUT_S"
+    assert resolve((drain,), None, {})["drain_timeout_s"] == 30.0
+    assert resolve((drain,), None, {"SMG_SGLANG_DRAIN_TIMEOUT_S": "2.5"})["drain_timeout_s"] == 2.5
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        resolve((drain,), None, {"SMG_SGLANG_DRAIN_TIMEOUT_S": "-1"})
+
+
+def test_tls_and_a_metrics_port_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^TLS \(--ssl-\*\) is not served"):
+        rust_lane.refuse_unserved(tls=True, metrics_port=None)
+    with pytest.raises(ConfigError, match=r"--metrics-port is not served .* exposes no metrics"):
+        rust_lane.refuse_unserved(tls=False, metrics_port=9100)
+    rust_lane.refuse_unserved(tls=False, metrics_port=None)
+
+
 class _Server:
     """The binding's lifecycle methods, recorded."""
 

@@ -7,8 +7,10 @@ processes over ZMQ. Python keeps only the lifecycle: construct the server, start
 headless dialing the server's handshake, poll ``engine_ready``, ``set_serving``, ``stop``. Each
 engine package builds its lane from these pieces: the ``--servicer-impl`` setting
 (:func:`impl_setting`), the binding lookup (:func:`binding`), the constructor's accepted keywords
-(:func:`accepted_keywords`, :func:`keep_accepted`) and :class:`Lifecycle` (SERVING once the
-engine is connected, NOT_SERVING first thing on SIGTERM/SIGINT)."""
+(:func:`accepted_keywords`, :func:`keep_accepted`), what no lane serves (:func:`refuse_unserved`),
+the start-up line (:func:`impl_line`), the drain setting of a self-supervised engine
+(:func:`drain_setting`) and :class:`Lifecycle` (SERVING once the engine is connected, NOT_SERVING
+first thing on SIGTERM/SIGINT)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import threading
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
-from smg_servicer_core.config import Setting
+from smg_servicer_core.config import ResolvedSettings, Setting
 from smg_servicer_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -38,10 +40,14 @@ POLL_S = 0.1
 STOP_S = 5.0
 
 
+#: The setting's name in every engine's resolved settings.
+IMPL_NAME = "servicer_impl"
+
+
 def impl_setting(engine: str, not_served: str) -> Setting[str]:
     """``--servicer-impl`` / ``SMG_<ENGINE>_SERVICER_IMPL`` (flag > variable > python)."""
     return Setting(
-        "servicer_impl",
+        IMPL_NAME,
         str,
         "python",
         f"the gRPC servicer: python (this package's) or rust (the smg wheel's Rust server over "
@@ -50,6 +56,41 @@ def impl_setting(engine: str, not_served: str) -> Setting[str]:
         env=f"SMG_{engine.upper()}_SERVICER_IMPL",
         validate=lambda v: None if v in IMPLS else f"must be one of {', '.join(IMPLS)}",
     )
+
+
+def drain_setting(engine: str) -> Setting[float]:
+    """``SMG_<ENGINE>_DRAIN_TIMEOUT_S``: how long a SIGTERM waits for the streams in flight on a
+    lane whose engine the launcher supervises itself (SGLang's, TokenSpeed's)."""
+    return Setting(
+        "drain_timeout_s",
+        float,
+        30.0,
+        "seconds a SIGTERM waits for the streams in flight on the Rust lane",
+        env=f"SMG_{engine.upper()}_DRAIN_TIMEOUT_S",
+        validate=lambda v: None if v >= 0 else "must be >= 0",
+    )
+
+
+def impl_line(settings: ResolvedSettings) -> str:
+    """The line a worker logs at start: the implementation a resolved ``--servicer-impl`` chose
+    (:func:`impl_setting`) and where the choice came from."""
+    return describe_impl(settings[IMPL_NAME], settings.source(IMPL_NAME))
+
+
+def describe_impl(impl: str, source: str) -> str:
+    return f"servicer implementation: {impl} ({source})"
+
+
+def refuse_unserved(*, tls: bool, metrics_port: int | None) -> None:
+    """ConfigError for what a worker was asked that no engine's Rust lane serves: TLS, a metrics
+    port (``smg`` 1.13's binding takes neither)."""
+    if tls:
+        raise ConfigError("TLS (--ssl-*) is not served by --servicer-impl rust")
+    if metrics_port is not None:
+        raise ConfigError(
+            "--metrics-port is not served by --servicer-impl rust (the smg binding exposes no "
+            "metrics)"
+        )
 
 
 def binding(class_name: str, install: str, module: str = BINDING) -> Any:

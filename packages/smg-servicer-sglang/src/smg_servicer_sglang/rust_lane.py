@@ -31,7 +31,7 @@ import sys
 from typing import Any
 
 from smg_servicer_core import rust_lane as lane
-from smg_servicer_core.config import ResolvedSettings, Setting, environment, resolve
+from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.tls import TLS_SETTINGS
@@ -41,14 +41,7 @@ logger = logging.getLogger(__name__)
 SERVICER_IMPL = lane.impl_setting(
     "sglang", "no --metrics-port, TLS, data parallelism or prefill/decode roles there"
 )
-DRAIN = Setting(
-    "drain_timeout_s",
-    float,
-    30.0,
-    "seconds a SIGTERM waits for the streams in flight on the Rust lane",
-    env="SMG_SGLANG_DRAIN_TIMEOUT_S",
-    validate=lambda v: None if v >= 0 else "must be >= 0",
-)
+DRAIN = lane.drain_setting("sglang")
 INSTALL = "pip install 'smg-servicer-sglang[rust]'"
 
 
@@ -57,21 +50,14 @@ def binding() -> Any:
     return lane.binding("SglangGrpcServer", INSTALL)
 
 
-def impl_line(settings: ResolvedSettings) -> str:
-    name = SERVICER_IMPL.name
-    return f"servicer implementation: {settings[name]} ({settings.source(name)})"
+impl_line = lane.impl_line
 
 
 def refuse_unserved(server_args: Any, settings: ResolvedSettings) -> None:
     """ConfigError for what was asked of the servicer that this lane cannot do."""
     asked = resolve(TLS_SETTINGS, server_args, environment())
-    if any(asked[setting.name] for setting in TLS_SETTINGS):
-        raise ConfigError("TLS (--ssl-*) is not served by --servicer-impl rust")
-    if settings["metrics_port"] is not None:
-        raise ConfigError(
-            "--metrics-port is not served by --servicer-impl rust (the smg binding exposes no "
-            "metrics)"
-        )
+    tls = any(asked[setting.name] for setting in TLS_SETTINGS)
+    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"])
 
 
 def server_keywords(

@@ -39,7 +39,7 @@ from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.tls import TLS_SETTINGS
 from smg_servicer_core.zmq_lane import HandshakeRelay
-from smg_servicer_tokenspeed.settings import DRAIN, SERVICER_IMPL
+from smg_servicer_tokenspeed.settings import DRAIN
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +51,13 @@ def binding() -> Any:
     return lane.binding("TokenSpeedGrpcServer", INSTALL)
 
 
-def impl_line(settings: ResolvedSettings) -> str:
-    name = SERVICER_IMPL.name
-    return f"servicer implementation: {settings[name]} ({settings.source(name)})"
+impl_line = lane.impl_line
 
 
 def refuse_unserved(settings: ResolvedSettings) -> None:
     """ConfigError for what was asked of the servicer that this lane cannot do."""
-    if any(settings[setting.name] for setting in TLS_SETTINGS):
-        raise ConfigError("TLS (--ssl-*) is not served by --servicer-impl rust")
-    if settings["metrics_port"] is not None:
-        raise ConfigError(
-            "--metrics-port is not served by --servicer-impl rust (the smg binding exposes no "
-            "metrics)"
-        )
+    tls = any(settings[setting.name] for setting in TLS_SETTINGS)
+    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"])
 
 
 def server_keywords(

@@ -71,14 +71,7 @@ SERVICER_IMPL = rust_lane.impl_setting(
     "tokenspeed",
     "no --metrics-port, TLS, attention data parallelism or prefill/decode/encode roles there",
 )
-DRAIN = Setting(
-    "drain_timeout_s",
-    float,
-    30.0,
-    "seconds a SIGTERM waits for the streams in flight on the Rust lane",
-    env="SMG_TOKENSPEED_DRAIN_TIMEOUT_S",
-    validate=lambda v: None if v >= 0 else "must be >= 0",
-)
+DRAIN = rust_lane.drain_setting("tokenspeed")
 PAIRING_PROTOCOL = Setting(
     "pairing_protocol", str.strip, "", "advertised PD pairing protocol", env="SMG_PAIRING_PROTOCOL"
 )

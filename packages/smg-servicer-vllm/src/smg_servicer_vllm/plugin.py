@@ -48,6 +48,7 @@ from smg_servicer_core.cli import metrics_settings
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
+from smg_servicer_core.rust_lane import describe_impl
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN, ShutdownDeadline
 from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
 from smg_servicer_core.wire_guard import tolerant_add
@@ -96,8 +97,8 @@ def servicer_impl_line() -> str:
     """What the launcher serves with and where the choice came from (logged at start)."""
     launch = launcher_settings()
     if launch is None:
-        return "servicer implementation: python (no launcher command line)"
-    return f"servicer implementation: {launch.servicer_impl} ({launch.servicer_impl_source})"
+        return describe_impl("python", "no launcher command line")
+    return describe_impl(launch.servicer_impl, launch.servicer_impl_source)
 
 
 def in_launcher_process() -> bool:

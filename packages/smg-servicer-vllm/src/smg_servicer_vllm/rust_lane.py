@@ -116,13 +116,9 @@ def refuse_unserved(settings: Any) -> None:
         return
     if settings.mm.source != "default" and settings.mm.processor != "off":
         raise ConfigError("--mm-processor is not served by --servicer-impl rust")
-    if settings.tls is not None:
-        raise ConfigError("TLS (--ssl-*) is not served by --servicer-impl rust")
-    if settings.metrics["metrics_port"] is not None:
-        raise ConfigError(
-            "--metrics-port is not served by --servicer-impl rust (the smg binding exposes no "
-            "metrics)"
-        )
+    lane.refuse_unserved(
+        tls=settings.tls is not None, metrics_port=settings.metrics["metrics_port"]
+    )
 
 
 def headless_args(launch: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
