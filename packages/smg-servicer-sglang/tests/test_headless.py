@@ -67,3 +67,19 @@ def test_a_shape_the_lane_does_not_serve_is_refused_before_a_scheduler_starts(
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"error: {why}" in done.stderr
     assert "starting SGLang's scheduler" not in done.stderr
+
+
+@pytest.mark.integration  # the router's own launcher (smg serve), as installed here
+def test_the_routers_own_launcher_dies_before_it_launches_this_one(tiny_model: Path) -> None:
+    """Why the README runs this launcher under ``smg launch`` and not ``smg serve``: ``smg``
+    1.13's ``serve`` resolves SGLang's ``--data-parallel-size`` over its own and dies before it
+    starts any worker (a router bug). Pinned: the day a router fixes it, this says so."""
+    command = [
+        sys.executable, "-m", "smg", "serve", "--backend", "sglang", "--connection-mode", "zmq",
+        "--host", "127.0.0.1", "--port", "9", "--model-path", str(tiny_model),
+        "--data-parallel-size", "1",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "no attribute 'data_parallel_size'" in done.stderr, done.stderr[-2000:]
+    assert "smg_grpc_servicer.sglang.headless" not in done.stdout + done.stderr
