@@ -8,11 +8,19 @@ test must carry one tier marker, and a test environment must hold the engine rel
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from smg_it import compat
 
 pytest_plugins = ["smg_it.fixtures"]
+
+#: Set by the outermost pytest session of a process tree: a pytest that a test starts (for
+#: example tools/test_tiers.py's collections) inherits it and records nothing of its own.
+OUTER = "SMG_PYTEST_OUTER_PID"
+NESTED = OUTER in os.environ  # noqa: TID251 - the process tree's own marker
+os.environ.setdefault(OUTER, str(os.getpid()))  # noqa: TID251
 
 #: The tiers of ``[tool.pytest.ini_options] markers``: every test carries at least one.
 TIERS = ("unit", "contract", "engine", "integration", "reliability", "conformance")
@@ -37,7 +45,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Record the session's outcome on its environment's declared releases."""
     env = compat.current_env()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if env is None or reporter is None:
+    if env is None or reporter is None or NESTED:
         return
     stats = reporter.stats
     failed = len(stats.get("failed", [])) + len(stats.get("error", []))

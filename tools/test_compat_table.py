@@ -4,6 +4,9 @@ declares is caught."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import compat_table
@@ -67,3 +70,17 @@ def test_the_sessions_of_one_run_add_up(tmp_path: Path, monkeypatch: pytest.Monk
     compat.record_session("workspace", 2, 0, 0, ["b"])
     run = compat.json.loads(compat.record_session("workspace", 3, 0, 0, ["c"]).read_text())
     assert (run["passed"], run["args"]) == (3, ["c"])
+
+
+def test_a_pytest_that_a_test_starts_records_nothing() -> None:
+    """Only the outermost session of a run records: a nested one (a test's own pytest run, with
+    the run's id inherited) must not add its counts and arguments to the run's record."""
+    target = compat.RESULTS / "run-workspace.json"
+    before = target.read_bytes() if target.is_file() else None
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tools/test_compat_table.py"],
+        cwd=compat.REPO, capture_output=True, text=True, timeout=120, check=False,
+        env=os.environ | {compat.RUN_ID: "a-nested-run"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (target.read_bytes() if target.is_file() else None) == before
