@@ -22,6 +22,7 @@ import pytest
 
 from smg_it.smg_serve import completion, smg_serve, stop_leaving_nothing, wait_answering
 from smg_it.zmq_lane import (
+    TEST_DRAIN_S,
     Lane,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
@@ -61,7 +62,7 @@ def rust_lane(model: Path, *flags: str) -> Lane:
 
 @pytest.fixture(scope="module")
 def lane(tiny_model: Path) -> Iterator[Lane]:
-    served = rust_lane(tiny_model)
+    served = rust_lane(tiny_model, "--shutdown-timeout", str(TEST_DRAIN_S))
     yield served
     served.stop()
 

@@ -21,6 +21,7 @@ import pytest
 
 from smg_it.paths import sglang_python
 from smg_it.zmq_lane import (
+    TEST_DRAIN_S,
     Lane,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
@@ -67,7 +68,7 @@ def scheduler(lane: Lane) -> psutil.Process:
 def lane(tiny_model: Path) -> Iterator[Lane]:
     port = free_port()
     command = launcher_command(tiny_model, port, "--servicer-impl", "rust")
-    running = served(command, tiny_model, port, {})
+    running = served(command, tiny_model, port, {"SMG_SGLANG_DRAIN_TIMEOUT_S": str(TEST_DRAIN_S)})
     yield running
     running.stop()
 

@@ -19,6 +19,7 @@ import pytest
 
 from smg_it.paths import sglang_python
 from smg_it.zmq_lane import (
+    TEST_DRAIN_S,
     Lane,
     check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
@@ -40,7 +41,12 @@ LONG = 900
 def sglang_lane(model: Path, sockets: Path) -> Lane:
     url = f"ipc://{sockets}/engine"
     # info: the lane's own lines (the router's aborts, requests ended by one) are in the log.
-    command = headless_command(model, url, "--log-level", "info", python=sglang_python())
+    command = headless_command(
+        model,
+        url,
+        *("--log-level", "info", "--zmq-drain-timeout", str(TEST_DRAIN_S)),
+        python=sglang_python(),
+    )
     return Lane(command, "sglang", model, url, env=CPU_ENV)
 
 

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from smg_it.zmq_lane import (
+    TEST_DRAIN_S,
     Lane,
     check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
@@ -48,7 +49,11 @@ def vllm_lane(
 
 @pytest.fixture(scope="module")
 def lane(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lane]:
-    served = vllm_lane(tiny_model, tmp_path_factory.mktemp("zmq"))
+    served = vllm_lane(
+        tiny_model,
+        tmp_path_factory.mktemp("zmq"),
+        engine_flags=("--shutdown-timeout", str(TEST_DRAIN_S)),
+    )
     yield served
     served.stop()
 

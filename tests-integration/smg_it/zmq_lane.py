@@ -219,12 +219,18 @@ def aborted(response: httpx.Response) -> bool:
     return choice["finish_reason"] == "abort" and not choice["text"]
 
 
+#: The drain (seconds) a lane under :func:`sigterm_mid_stream` is given instead of the launchers'
+#: 30 s default: the stream it drains must finish inside it, and on a loaded 2-core machine a
+#: 600-900-token stream at a CPU engine's pace can take longer than 30 s.
+TEST_DRAIN_S = 300
+
+
 def sigterm_mid_stream(
     lane: Lane, long: int, refused: Callable[[httpx.Response], bool] = errored
 ) -> tuple[list[dict], list[httpx.Response]]:
     """Stream a ``long`` completion; after its first chunks SIGTERM the launcher and post short
     requests until one is ``refused`` (for up to 10 s). The stream's finish reasons and the posts'
-    answers, in order."""
+    answers, in order. The lane's drain should be :data:`TEST_DRAIN_S`."""
     body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
     answers: list[httpx.Response] = []
     with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
