@@ -40,6 +40,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.watchdog import ExitWatch
 from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
 from smg_servicer_sglang.zmq_plugin import DRAIN_SIGNAL, ENGINE_INDEX_ENV, HANDSHAKE_ENV
 
@@ -47,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a SIGTERM's drain waits for the requests in flight.
 DRAIN_S = 30.0
-#: How often the launcher looks at its ranks.
-WATCH_S = 0.05
 #: How long a rank has to stop before it is killed.
 STOP_S = 2.0
 #: Where SGLang looks for plugins, and ours (smg-servicer-sglang's pyproject.toml).
@@ -140,6 +139,13 @@ class Supervisor:
         return sorted(pids)
 
     def run(self) -> int:
+        watch = ExitWatch(self.launched.processes, self._ranks())
+        try:
+            return self._run(watch)
+        finally:
+            watch.close()
+
+    def _run(self, watch: ExitWatch) -> int:
         drain_deadline: float | None = None
         while True:
             dead = self.quit_reason or self.launched.dead()
@@ -160,10 +166,14 @@ class Supervisor:
                         os.kill(pid, DRAIN_SIGNAL)
                     except ProcessLookupError:
                         continue
-            if drain_deadline is not None and time.monotonic() > drain_deadline:
+            if drain_deadline is None:
+                watch.wait()
+                continue
+            left = drain_deadline - time.monotonic()
+            if left < 0:
                 logger.error("the drain ran out of time; the requests left are failed")
                 return ExitCode.ENGINE_DIED
-            time.sleep(WATCH_S)
+            watch.wait(left)
 
     def close(self) -> None:
         from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415

@@ -56,14 +56,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.watchdog import ExitWatch
 from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
 
 logger = logging.getLogger(__name__)
 
 #: How long a SIGTERM's drain waits for the requests in flight.
 DRAIN_S = 30.0
-#: How often the launcher looks at its ranks.
-WATCH_S = 0.05
 #: How long a rank has to stop before it is killed.
 STOP_S = 5.0
 #: What the launcher sends each rank to start its drain (TokenSpeed uses SIGUSR1 and SIGTERM).
@@ -281,6 +280,13 @@ class Supervisor:
         return self.failure
 
     def run(self) -> int:
+        watch = ExitWatch(self.processes)
+        try:
+            return self._run(watch)
+        finally:
+            watch.close()
+
+    def _run(self, watch: ExitWatch) -> int:
         deadline: float | None = None
         while True:
             dead = self._dead(deadline is not None)
@@ -297,10 +303,14 @@ class Supervisor:
                 for process in self.processes:
                     if process.pid is not None and process.is_alive():
                         os.kill(process.pid, DRAIN_SIGNAL)
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is None:
+                watch.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left < 0:
                 logger.error("the drain ran out of time; the requests left are failed")
                 return ExitCode.ENGINE_DIED
-            time.sleep(WATCH_S)
+            watch.wait(left)
 
     def close(self) -> None:
         _terminate(self.processes, STOP_S)
