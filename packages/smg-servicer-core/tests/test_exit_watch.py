@@ -102,3 +102,19 @@ def test_the_ceiling_bounds_every_wait() -> None:
         assert _timed_wait(watch) < watchdog.EXIT_WATCH_CEILING_S + 5
     finally:
         watch.close()
+
+
+def test_outside_the_main_thread_it_polls_and_leaves_the_wakeup_fd_alone(no_ceiling: None) -> None:
+    before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before)
+    made: list[ExitWatch] = []
+    maker = threading.Thread(target=lambda: made.append(ExitWatch()))
+    maker.start()
+    maker.join(10)
+    (watch,) = made
+    try:
+        assert watch.polled
+        assert _timed_wait(watch) < LONG_S / 2  # its poll, not the 60 s asked
+    finally:
+        watch.close()
+    assert signal.set_wakeup_fd(before) == before

@@ -84,7 +84,8 @@ class ExitWatch:
     process this one did not start, a grandchild), a ``pidfd``; where the platform has no
     ``pidfd_open`` those are polled every :data:`EXIT_WATCH_POLL_S`. Signals: the watch becomes
     the interpreter's wakeup file descriptor while it is open (main thread only), so a signal
-    delivered to any thread ends the sleep; the previous one is restored by :meth:`close`.
+    delivered to any thread ends the sleep; the previous one is restored by :meth:`close`
+    (made outside the main thread, the watch polls instead).
     A process that exited wakes the watch once; after that it is no longer watched."""
 
     def __init__(self, processes: Iterable[Any] = (), pids: Iterable[int] = ()) -> None:
@@ -106,7 +107,11 @@ class ExitWatch:
                 continue
             self._owned.append(fd)
             self._fds.add(fd)
-        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._previous: int | None = None
+        try:
+            self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: a signal cannot wake it, so it polls
+            self.polled = True
 
     def wait(self, timeout_s: float = EXIT_WATCH_CEILING_S) -> None:
         """Sleep until a watched process exits, a signal arrives, or ``timeout_s``."""
@@ -121,7 +126,8 @@ class ExitWatch:
                 self._fds.discard(fd)
 
     def close(self) -> None:
-        signal.set_wakeup_fd(self._previous)
+        if self._previous is not None:
+            signal.set_wakeup_fd(self._previous)
         for fd in (self._read, self._write, *self._owned):
             with contextlib.suppress(OSError):
                 os.close(fd)
