@@ -49,7 +49,9 @@ class Lane:
         try:
             self.router.start()
             self.router.wait_ready()
-        except BaseException:
+        except BaseException as err:
+            # The router's log says the worker never answered; the launcher's says why.
+            err.add_note(f"the launcher's log (last lines):\n{self.engine.tail(6000)}")
             self.engine.stop(5)
             raise
 
