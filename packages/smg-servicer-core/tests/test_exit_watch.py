@@ -118,3 +118,15 @@ def test_outside_the_main_thread_it_polls_and_leaves_the_wakeup_fd_alone(no_ceil
     finally:
         watch.close()
     assert signal.set_wakeup_fd(before) == before
+
+
+def test_until_sleeps_to_the_deadline_then_says_it_has_passed(no_ceiling: None) -> None:
+    watch = ExitWatch()
+    try:
+        deadline = time.monotonic() + 0.3
+        start = time.monotonic()
+        assert watch.until(deadline)
+        assert 0.25 <= time.monotonic() - start < LONG_S / 2
+        assert not watch.until(time.monotonic() - 1)  # passed: no sleep
+    finally:
+        watch.close()

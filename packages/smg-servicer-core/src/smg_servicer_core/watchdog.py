@@ -23,6 +23,7 @@ import contextlib
 import os
 import select
 import signal
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -124,6 +125,18 @@ class ExitWatch:
                         pass
             else:
                 self._fds.discard(fd)
+
+    def until(self, deadline: float | None) -> bool:
+        """:meth:`wait`, but no later than ``deadline`` (``time.monotonic()``; None: none);
+        False, without sleeping, once the deadline has passed."""
+        if deadline is None:
+            self.wait()
+            return True
+        left = deadline - time.monotonic()
+        if left < 0:
+            return False
+        self.wait(left)
+        return True
 
     def close(self) -> None:
         if self._previous is not None:

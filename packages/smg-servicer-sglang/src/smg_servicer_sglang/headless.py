@@ -166,14 +166,9 @@ class Supervisor:
                         os.kill(pid, DRAIN_SIGNAL)
                     except ProcessLookupError:
                         continue
-            if drain_deadline is None:
-                watch.wait()
-                continue
-            left = drain_deadline - time.monotonic()
-            if left < 0:
+            if not watch.until(drain_deadline):
                 logger.error("the drain ran out of time; the requests left are failed")
                 return ExitCode.ENGINE_DIED
-            watch.wait(left)
 
     def close(self) -> None:
         from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415

@@ -303,14 +303,9 @@ class Supervisor:
                 for process in self.processes:
                     if process.pid is not None and process.is_alive():
                         os.kill(process.pid, DRAIN_SIGNAL)
-            if deadline is None:
-                watch.wait()
-                continue
-            left = deadline - time.monotonic()
-            if left < 0:
+            if not watch.until(deadline):
                 logger.error("the drain ran out of time; the requests left are failed")
                 return ExitCode.ENGINE_DIED
-            watch.wait(left)
 
     def close(self) -> None:
         _terminate(self.processes, STOP_S)
