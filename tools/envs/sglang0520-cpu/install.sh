@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SGLang 0.5.20 CPU test environment (.venv-sglang0520/ at the repo root, or $1): the oldest
 # release smg-servicer-sglang declares (issue #28), built as tools/envs/sglang-cpu builds 0.5.23
-# (that script says why SGLang goes in with --no-deps and why the two shims). The full SGLang
+# (that script says why SGLang goes in with --no-deps and why the shims). The full SGLang
 # suite runs on 0.5.23; this environment runs it again on the oldest release's wire and launch
 # API (io_struct field order, run_scheduler_process's 0.5.20 signature).
 #
@@ -27,6 +27,7 @@ env_editables "$root" "${members[@]}"
 {
     echo "$shims"
     echo "import torchvision_shim; torchvision_shim.install()"
+    echo "import pin_memory_shim; pin_memory_shim.install()"
 } >"$(env_purelib "$venv")/smg_sglang_cpu_shims.pth"
 "$venv/bin/python" - <<'PY'
 import os

@@ -6,6 +6,8 @@ The tree::
     ├── InvalidRequest             INVALID_ARGUMENT    client mistake: bad ids, bad sampling values
     ├── NotFound                   NOT_FOUND           unknown adapter, unknown LoRA, ...
     ├── AlreadyExists              ALREADY_EXISTS      a request id that is already in flight
+    ├── PermissionDenied           PERMISSION_DENIED   outside what the operator allows (a path
+    │                                                  outside the allowed folders)
     ├── FailedPrecondition         FAILED_PRECONDITION server not configured for this call
     │   └── ConstraintFailed       FAILED_PRECONDITION the engine could not continue under the
     │                                                  request's grammar/schema (its own word);
@@ -80,6 +82,14 @@ class NotFound(ServicerError):
 
 class AlreadyExists(ServicerError):
     code = grpc.StatusCode.ALREADY_EXISTS
+    client_fault = True
+
+
+class PermissionDenied(ServicerError):
+    """The caller asked for something the operator's settings do not allow (a path outside the
+    allowed folders)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
     client_fault = True
 
 

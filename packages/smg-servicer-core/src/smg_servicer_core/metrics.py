@@ -30,6 +30,9 @@ Names (all ``smg_servicer_*``, base units, bounded labels; never a request id):
 | ``smg_servicer_kv_events_dropped_total`` | counter | ``reason`` (the normalizer's reasons) |
 | ``smg_servicer_kv_replays_total`` | counter | replays that recovered history |
 | ``smg_servicer_kv_resets_total`` | counter | ``code``: out_of_range, data_loss |
+| ``smg_servicer_lora_adapters_loaded`` | gauge | adapters the engine holds (engines with LoRA) |
+| ``smg_servicer_lora_updates_total`` | counter | ``op``: load, unload; ``outcome``: ok, refused, |
+| | | failed (refused: the request's fault; failed: the engine's) |
 
 Output tokens are the tokens delivered: a streamed chunk's ``token_ids``; a ``complete``'s
 ``output_ids`` only on a stream that sent no chunk (non-streaming requests). Time to first token is
@@ -220,6 +223,9 @@ class ServicerMetrics(Collector):
         self.kv_dropped: Counter[str] = Counter()
         self.kv_replays = 0
         self.kv_resets: Counter[str] = Counter()
+        #: The adapters an engine holds (None: the engine serves no adapters; no family).
+        self.lora_adapters: Callable[[], int] | None = None
+        self.lora_updates: Counter[tuple[str, str]] = Counter()
 
     # -- recording (event loop) ------------------------------------------------------------
 
@@ -252,6 +258,10 @@ class ServicerMetrics(Collector):
     def kv_reset(self, code: str) -> None:
         self.kv_resets[code] += 1
 
+    def lora_update(self, op: str, outcome: str) -> None:
+        """One adapter load or unload: ``op`` load/unload, ``outcome`` ok/refused/failed."""
+        self.lora_updates[(op, outcome)] += 1
+
     # -- exporting (scrape thread) ---------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
@@ -259,6 +269,7 @@ class ServicerMetrics(Collector):
         yield from self._generate_families()
         yield from self._engine_families()
         yield from self._kv_families()
+        yield from self._lora_families()
 
     def _rpc_families(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -348,6 +359,24 @@ class ServicerMetrics(Collector):
             for key, value in sorted(counts.items()):
                 family.add_metric([key], value)
             yield family
+
+    def _lora_families(self) -> Iterator[Metric]:
+        if self.lora_adapters is None:
+            return
+        yield GaugeMetricFamily(
+            "smg_servicer_lora_adapters_loaded",
+            "LoRA adapters the engine holds",
+            value=self.lora_adapters(),
+        )
+        updates = CounterMetricFamily(
+            "smg_servicer_lora_updates",
+            "LoRA adapter loads and unloads, by outcome",
+            labels=["op", "outcome"],
+        )
+        for op in ("load", "unload"):
+            for outcome in ("ok", "refused", "failed"):
+                updates.add_metric([op, outcome], self.lora_updates[(op, outcome)])
+        yield updates
 
 
 class MetricsServer:

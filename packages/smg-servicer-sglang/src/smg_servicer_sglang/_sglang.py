@@ -45,6 +45,8 @@ from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
+from sglang.srt.lora.lora_registry import LoRARef as _LoRARef
+from sglang.srt.lora.lora_registry import LoRARegistry as _LoRARegistry
 from sglang.srt.managers import io_struct as _io
 from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
 from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
@@ -80,6 +82,13 @@ FINISH_ABORT: Any = _FINISH_ABORT
 FlushCacheReqInput: Any = _io.FlushCacheReqInput
 FlushCacheReqOutput: Any = _io.FlushCacheReqOutput
 HealthCheckOutput: Any = _io.HealthCheckOutput
+LoadLoRAAdapterReqInput: Any = _io.LoadLoRAAdapterReqInput
+UnloadLoRAAdapterReqInput: Any = _io.UnloadLoRAAdapterReqInput
+#: The scheduler's reply to an adapter load or unload (one per rank).
+LoRAUpdateOutput: Any = _io.LoRAUpdateOutput
+#: SGLang's own adapter registry (the tokenizer manager's: names -> ids, in-flight counts).
+LoRARegistry: Any = _LoRARegistry
+LoRARef: Any = _LoRARef
 ProfileReq: Any = _io.ProfileReq
 ProfileReqOutput: Any = _io.ProfileReqOutput
 ProfileReqType: Any = _io.ProfileReqType
@@ -135,9 +144,23 @@ def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
     return {**spec.fields, "input_ids": array("q", spec.fields["input_ids"])}
 
 
-def build_generate(spec: ReqSpec, vocab_size: int, tokenizer: Any) -> Any:
-    """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`)."""
-    fields = _wire_fields(spec)
+def _adapter_fields(cls: Any, adapter: tuple[str, str] | None) -> dict[str, Any]:
+    """The request's adapter, ``(lora_id, lora_name)``: its id, and its name where the release's
+    struct carries one (0.5.23 added ``lora_name``; the scheduler names KV events with it)."""
+    if adapter is None:
+        return {"lora_id": None}
+    lora_id, name = adapter
+    if "lora_name" in cls.__struct_fields__:
+        return {"lora_id": lora_id, "lora_name": name}
+    return {"lora_id": lora_id}
+
+
+def build_generate(
+    spec: ReqSpec, vocab_size: int, tokenizer: Any, adapter: tuple[str, str] | None = None
+) -> Any:
+    """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`); ``adapter``:
+    the resolved LoRA adapter, ``(lora_id, lora_name)`` (:mod:`.lora`)."""
+    fields = _wire_fields(spec) | _adapter_fields(TokenizedGenerateReqInput, adapter)
     return _struct(
         TokenizedGenerateReqInput,
         rid=spec.rid,

@@ -213,7 +213,6 @@ def generate_reqs(
         "top_logprobs_num": request.top_logprobs_num,
         "token_ids_logprob": list(request.token_ids_logprob) or None,
         "stream": request.stream,
-        "lora_id": request.lora_id or None,
         "routed_dp_rank": dp_rank,
         "require_reasoning": request.require_reasoning,
         "bootstrap_host": disagg.bootstrap_host if disagg else None,

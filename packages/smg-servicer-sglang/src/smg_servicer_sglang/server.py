@@ -57,7 +57,7 @@ from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
 from smg_servicer_core.tls import ServerTls, resolve_tls
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang import convert, kv_events, rust_lane
+from smg_servicer_sglang import convert, kv_events, lora, rust_lane
 from smg_servicer_sglang.request_manager import RequestManager
 from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
 
@@ -189,7 +189,9 @@ class _QuitSignal:
             self.target.on_sigquit()
 
 
-async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int:
+async def _start(
+    server_args: Any, quit_signal: _QuitSignal, own: ResolvedSettings
+) -> Schedulers | int:
     """Everything up to serving: the running schedulers and servicer, or an exit code."""
     try:
         kv_events.parse_config(getattr(server_args, "kv_events_config", None))
@@ -234,6 +236,7 @@ async def _start(server_args: Any, quit_signal: _QuitSignal) -> Schedulers | int
         health=health,
         tokenizer=tokenizer,
         load_reader=launched.load_reader,
+        adapters=lora.Adapters.of(config, manager, own[lora.ALLOWED_DIRS.name]),
     )
     schedulers = Schedulers(launched, manager, servicer, health, warmup_wanted(config))
     schedulers.bootstrap_server = bootstrap
@@ -247,7 +250,9 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
     """The servicer's own settings (SGLang owns host, port and logging): the shared grace period
     and the metrics flags, ``--grace-period`` / ``SMG_SERVICER_GRACE_PERIOD_S``,
     ``--metrics-port`` / ``SMG_SGLANG_SERVICER_METRICS_PORT``, ``--metrics-host`` / ``..._HOST``,
-    and the lane: ``--servicer-impl`` / ``SMG_SGLANG_SERVICER_IMPL`` (:mod:`.rust_lane`)."""
+    the lane: ``--servicer-impl`` / ``SMG_SGLANG_SERVICER_IMPL`` (:mod:`.rust_lane`), and the
+    folders adapters load from: ``--lora-allowed-dirs`` / ``SMG_SGLANG_SERVICER_LORA_ALLOWED_DIRS``
+    (:mod:`.lora`)."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
     return (
         grace,
@@ -255,6 +260,7 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
         *metrics_settings("sglang"),
         rust_lane.SERVICER_IMPL,
         rust_lane.DRAIN,
+        lora.ALLOWED_DIRS,
     )
 
 
@@ -286,7 +292,7 @@ async def run(
         logger.error("invalid configuration: %s", exc)
         return ExitCode.CONFIG
     try:
-        started = await _start(server_args, quit_signal)
+        started = await _start(server_args, quit_signal, own)
         if isinstance(started, int):
             return started
         return await _serve(

@@ -40,7 +40,7 @@ from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscription
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang import convert, grammar, kv_events, loads
+from smg_servicer_sglang import convert, grammar, kv_events, loads, lora
 from smg_servicer_sglang.convert import ModelLimits, Output
 from smg_servicer_sglang.request_manager import RequestManager
 
@@ -87,8 +87,11 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         load_reader: Any = None,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         metrics: ServicerMetrics | None = None,
+        adapters: lora.Adapters | None = None,
     ) -> None:
         self.manager = manager
+        #: LoRA adapters (:mod:`.lora`): SGLang's registry, loads and unloads.
+        self.adapters = adapters if adapters is not None else lora.Adapters.of(config, manager)
         self.server_args = server_args
         self.config = config
         self.scheduler_info = scheduler_info
@@ -107,6 +110,12 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         self.dead_reason: Callable[[], str | None] = lambda: None
         super().__init__(health=health, metrics=metrics)
 
+    def attach_metrics(self, metrics: ServicerMetrics) -> None:
+        super().attach_metrics(metrics)
+        self.adapters.metrics = metrics
+        if self.adapters.enabled:
+            metrics.lora_adapters = self.adapters.count
+
     async def engine_abort(self, request_id: str) -> None:
         await self.manager.abort(request_id)
 
@@ -124,8 +133,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
 
         return read
 
-    def _build(self, spec: convert.ReqSpec) -> Any:
-        return sg.build_generate(spec, self.limits.vocab_size, self.tokenizer)
+    def _build(self, spec: convert.ReqSpec, adapter: tuple[str, str] | None = None) -> Any:
+        return sg.build_generate(spec, self.limits.vocab_size, self.tokenizer, adapter)
 
     # -- Generate --------------------------------------------------------------------------
 
@@ -136,16 +145,16 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         specs, prefix_spec = convert.generate_reqs(request, self.limits)
         if request.sampling_params.WhichOneof("constraint") == "ebnf_grammar":
             await grammar.refuse_dead_ends(request.sampling_params.ebnf_grammar)
-        reqs = [self._build(spec) for spec in specs]
-        prefix = self._build(prefix_spec) if prefix_spec is not None else None
         rid = request.request_id
-        async with self.registry.track(rid):
-            if prefix is None:
+        async with self.registry.track(rid), self.adapters.use(request.lora_id) as adapter:
+            reqs = [self._build(spec, adapter) for spec in specs]
+            if prefix_spec is None:
                 stream = self._single(request, reqs[0])
             else:
-                stream = self._parallel(request, reqs, prefix)
-            async for message in stream:
-                yield message
+                stream = self._parallel(request, reqs, self._build(prefix_spec, adapter))
+            async with contextlib.aclosing(stream):  # its cleanup before the adapter's release
+                async for message in stream:
+                    yield message
 
     async def _single(
         self, request: pb.GenerateRequest, req: Any
@@ -420,30 +429,39 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         snapshot = loads.read_rank(self.load_reader, rank)
         return kv_events.engine_load(snapshot) if snapshot is not None else None
 
-    # -- LoRA ------------------------------------------------------------------------------
-
-    _NO_LORA = (
-        "LoRA adapters are not managed over gRPC by this worker; load them at start-up with "
-        "SGLang's --lora-paths"
-    )
+    # -- LoRA (:mod:`.lora`) -----------------------------------------------------------------
 
     @grpc_errors
     async def LoadLoRAAdapter(
         self, request: pb.LoadLoRAAdapterRequest, context: Context
     ) -> pb.LoadLoRAAdapterResponse:
-        raise Unsupported(self._NO_LORA)
+        ids = await self.adapters.load(
+            request.lora_name, request.lora_path, pinned=request.pinned, lora_id=request.lora_id
+        )
+        return pb.LoadLoRAAdapterResponse(success=True, message="", loaded_lora_ids=ids)
 
     @grpc_errors
     async def UnloadLoRAAdapter(
         self, request: pb.UnloadLoRAAdapterRequest, context: Context
     ) -> pb.UnloadLoRAAdapterResponse:
-        raise Unsupported(self._NO_LORA)
+        ids = await self.adapters.unload(request.lora_name, request.lora_id)
+        return pb.UnloadLoRAAdapterResponse(success=True, message="", loaded_lora_ids=ids)
 
     @grpc_errors
     async def ListLoadedLoRAAdapters(
         self, request: pb.ListLoadedLoRAAdaptersRequest, context: Context
     ) -> pb.ListLoadedLoRAAdaptersResponse:
-        raise Unsupported(self._NO_LORA)
+        return pb.ListLoadedLoRAAdaptersResponse(
+            loaded_adapters=[
+                pb.LoadedLoRAAdapter(
+                    lora_id=ref.lora_id,
+                    lora_name=ref.lora_name or "",
+                    lora_path=ref.lora_path or "",
+                    pinned=bool(ref.pinned),
+                )
+                for _, ref in sorted(self.adapters.loaded().items())
+            ]
+        )
 
 
 def _joined(replies: list[Any], ok: str) -> dict[str, Any]:

@@ -1,0 +1,106 @@
+"""Test-environment shim: ``pin_memory`` is a no-op on a machine without an accelerator.
+
+Why: SGLang 0.5.23 asks for pinned host memory unconditionally in two paths that the tests run
+on this CPU: its LoRA layers and backends (``lora/layers.py``, ``lora/backend/torch_backend.py``:
+``torch.empty(..., pin_memory=True)``, ``tensor.pin_memory()``), and the prefill/decode KV
+transfer. torch's CPU build refuses both (``RuntimeError: pin_memory=True requires a CUDA or other
+accelerator backend``), so ``--enable-lora`` dies at start and a prefill worker dies on its first
+KV chunk. Pinned memory only speeds up host-to-device copies; on a CPU-only machine there is no
+device, so dropping the request changes no result.
+
+What it does, in a process started with ``SMG_CPU_PIN_MEMORY_SHIM=1`` (children inherit it):
+once ``torch`` is imported, and only when torch reports no accelerator, the tensor factories drop
+``pin_memory=True`` and ``Tensor.pin_memory()`` returns the tensor itself. It imports nothing
+before ``torch`` is imported by someone else. Without the variable SGLang's own failure stays
+(the tests that pin it start their workers without it).
+
+When it stops being needed: once SGLang checks ``is_pin_memory_available()`` on those paths (it
+already does in ``lora/mem_pool.py``), or torch's CPU build accepts the flag. Installed by
+``install.sh`` through a ``.pth`` file in the SGLang test environments only.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+#: The variable that turns the shim on.
+ENV = "SMG_CPU_PIN_MEMORY_SHIM"
+
+#: The factories SGLang calls with ``pin_memory=True``.
+FACTORIES = (
+    "empty", "zeros", "ones", "full", "tensor", "arange", "as_tensor",
+    "empty_like", "zeros_like", "ones_like", "full_like", "empty_strided",
+)  # fmt: skip
+
+
+def _unpinned(factory: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(factory)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("pin_memory", None)
+        return factory(*args, **kwargs)
+
+    return call
+
+
+def patch(torch: Any) -> bool:
+    """Patch ``torch`` when it has no accelerator; True when it did (idempotent)."""
+    if getattr(torch, "_smg_pin_memory_shim", False):
+        return True
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        return False
+    for name in FACTORIES:
+        factory = getattr(torch, name, None)
+        if factory is not None:
+            setattr(torch, name, _unpinned(factory))
+    torch.Tensor.pin_memory = lambda self, *_a, **_k: self
+    torch.Tensor.is_pinned = lambda self, *_a, **_k: False
+    torch._smg_pin_memory_shim = True
+    return True
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.inner.exec_module(module)
+        patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Active in processes started with ``SMG_CPU_PIN_MEMORY_SHIM=1`` (their children inherit
+    it): the tests that need pinned memory ask for it, the others keep SGLang's own failure."""
+    if os.environ.get(ENV) != "1":
+        return
+    if "torch" in sys.modules:
+        patch(sys.modules["torch"])
+        return
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
