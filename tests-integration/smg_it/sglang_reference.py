@@ -1,13 +1,15 @@
 """What ``sglang.Engine`` (in-process, no servicer) produces for the cases the engine tests
 replay through the servicer. Run in a process of its own by :func:`smg_it.sglang.run_reference`
-(``python -m smg_it.sglang_reference MODEL OUT.json [--embed]``), in the SGLang environment."""
+(``python -m smg_it.sglang_reference MODEL OUT.json [--embed | --lora NAME=DIR ...]``), in the
+SGLang environment. ``--lora``: greedy ids of :data:`LORA_PROMPT` for the base model and each
+adapter, alone and all in one batch (SGLang's own LoRA path, ``lora_path`` by name)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from smg_servicer_sglang.testing import ENGINE_KWARGS
+from smg_servicer_sglang.testing import ENGINE_KWARGS, LORA_ENGINE_KWARGS
 
 CASES = {
     "short": [1, 5, 9, 200, 31],
@@ -17,6 +19,24 @@ CASES = {
 MAX_TOKENS = 12
 TOP = 3
 EMBED_CASES = {"a": [1, 5, 9, 200, 31], "b": [42, 17, 99, 1024]}
+LORA_PROMPT = [1, 5, 9, 200, 31]
+
+
+def lora_outputs(engine: object, names: list[str]) -> dict[str, object]:
+    """Greedy ids of :data:`LORA_PROMPT`: ``base`` and each adapter alone, and ``batch``: the
+    base model and every adapter in one call (one batch)."""
+    params = {"temperature": 0, "max_new_tokens": MAX_TOKENS}
+    generate = engine.generate  # type: ignore[attr-defined]
+    result: dict[str, object] = {"base": generate(input_ids=LORA_PROMPT, sampling_params=params)}
+    for name in names:
+        result[name] = generate(input_ids=LORA_PROMPT, sampling_params=params, lora_path=name)
+    batch = generate(
+        input_ids=[LORA_PROMPT] * (len(names) + 1),
+        sampling_params=params,
+        lora_path=[None, *names],
+    )
+    out = {key: value["output_ids"] for key, value in result.items()}  # type: ignore[index]
+    return out | {"batch": [item["output_ids"] for item in batch]}
 
 
 def embeddings(engine: object) -> dict[str, list[float]]:
@@ -38,10 +58,17 @@ def main() -> None:
 
     model, out = sys.argv[1], sys.argv[2]
     embed = "--embed" in sys.argv
+    adapters = sys.argv[sys.argv.index("--lora") + 1 :] if "--lora" in sys.argv else []
+    lora = LORA_ENGINE_KWARGS | {"lora_paths": adapters} if adapters else {}
     engine = sglang.Engine(
-        model_path=model, skip_server_warmup=True, is_embedding=embed, **ENGINE_KWARGS
+        model_path=model, skip_server_warmup=True, is_embedding=embed, **ENGINE_KWARGS, **lora
     )
     try:
+        if adapters:
+            names = [pair.split("=", 1)[0] for pair in adapters]
+            with open(out, "w") as fh:
+                json.dump(lora_outputs(engine, names), fh)
+            return
         if embed:
             with open(out, "w") as fh:
                 json.dump(embeddings(engine), fh)

@@ -36,8 +36,9 @@ def start_server(
     return worker.start()
 
 
-def run_reference(model: Path, *flags: str) -> Any:
-    """:mod:`smg_it.sglang_reference` (``sglang.Engine`` in its own process) -> its JSON result."""
+def run_reference(model: Path, *flags: str, env: dict[str, str] | None = None) -> Any:
+    """:mod:`smg_it.sglang_reference` (``sglang.Engine`` in its own process, with ``env`` added to
+    its environment) -> its JSON result."""
     from smg_servicer_sglang.testing import CPU_ENV
 
     out = Path(tempfile.mkstemp(prefix="smg-sglang-ref-", suffix=".json")[1])
@@ -48,7 +49,7 @@ def run_reference(model: Path, *flags: str) -> Any:
     subprocess.run(
         [sys.executable, "-m", "smg_it.sglang_reference", str(model), str(out), *flags],
         check=True,
-        env={**environment(), **CPU_ENV, "PYTHONPATH": path},
+        env={**environment(), **CPU_ENV, **(env or {}), "PYTHONPATH": path},
         timeout=300,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

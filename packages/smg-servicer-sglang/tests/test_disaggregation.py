@@ -9,9 +9,11 @@ the deep health probe carry SGLang's local-only bootstrap host, so they run on t
 instead of waiting for a peer (or, with no bootstrap room, killing the scheduler). A request
 without its transfer fields is refused before it reaches the scheduler, which died on one.
 
-What SGLang's CPU build cannot do is the transfer itself: the prefill scheduler dies sending
-the first KV chunk (``RuntimeError: pin_memory=True requires a CUDA or other accelerator
-backend``); tests-integration/test_disaggregation.py shows it through the router."""
+What SGLang's CPU build cannot do on its own is the transfer itself: the prefill scheduler dies
+sending the first KV chunk (``RuntimeError: pin_memory=True requires a CUDA or other accelerator
+backend``). The last test pins that failure, which users of the CPU build meet (these workers run
+without the test environment's pin-memory shim); tests-integration/test_disaggregation.py runs
+the transfer with the shim, through the router."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from smg_it.sglang_suite import Server, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_sglang.testing import PD_CPU_FLAGS
+
+#: SGLang's own error when its CPU build sends KV (``disaggregation/prefill.py``).
+CPU_TRANSFER_ERROR = "pin_memory=True requires a CUDA or other accelerator backend"
 
 pytestmark = pytest.mark.engine
 
@@ -95,3 +100,39 @@ def test_a_request_without_its_transfer_is_refused_and_the_worker_stays_healthy(
     assert "disaggregated_params" in details
     assert healthy
     assert pd_servers[role].proc.poll() is None
+
+
+async def _one_transfer(servers: dict[str, Server], bootstrap_port: int) -> list[object]:
+    """One request to both workers with the transfer fields the router's PD mode sends."""
+    params = pb.DisaggregatedParams(
+        bootstrap_host="127.0.0.1", bootstrap_port=bootstrap_port, bootstrap_room=4242
+    )
+
+    async def one(role: str) -> object:
+        async with grpc.aio.insecure_channel(servers[role].address) as channel:
+            stub = pb_grpc.SglangSchedulerStub(channel)
+            request = pb.GenerateRequest(
+                request_id=f"pd-{role}",
+                tokenized=pb.TokenizedInput(input_ids=[1, 2, 3, 4]),
+                sampling_params=pb.SamplingParams(max_new_tokens=4, temperature=0.0),
+                disaggregated_params=params,
+            )
+            try:
+                return [r async for r in stub.Generate(request, timeout=60)]
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+
+    return list(await asyncio.gather(one("prefill"), one("decode")))
+
+
+def test_sglangs_cpu_build_dies_moving_the_kv_without_the_shim(
+    pd_servers: dict[str, Server], bootstrap_port: int
+) -> None:
+    """The failure a user of SGLang's CPU build meets (last: it ends the prefill worker): the
+    prefill scheduler dies on the first KV chunk with SGLang's own message; our worker reports
+    the engine's death (exit 1) and the decode worker is unharmed."""
+    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    asyncio.run(_one_transfer(pd_servers, bootstrap_port))
+    assert prefill.proc is not None and prefill.proc.wait(timeout=60) == 1
+    assert CPU_TRANSFER_ERROR in prefill.log.read_text()
+    assert decode.proc is not None and decode.proc.poll() is None

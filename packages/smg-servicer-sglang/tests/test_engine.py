@@ -431,3 +431,20 @@ async def test_a_constraint_that_cannot_continue_is_failed_precondition_with_tra
     await wait_idle(stub)
     (complete,) = completes(await collect(stub, request(CASES["short"])))
     assert complete.completion_tokens == MAX_TOKENS
+
+
+async def test_a_worker_without_lora_refuses_any_adapter_by_name_and_lists_none(stub: Any) -> None:
+    """Without ``--enable-lora`` a ``lora_id`` is refused naming it (SGLang would serve the base
+    model silently), a load says how to turn LoRA on, and the list is the engine's: empty."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, request([1, 2, 3], lora_id="my-adapter"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'my-adapter'" in (err.value.details() or "")
+    assert "--enable-lora" in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.LoadLoRAAdapter(pb.LoadLoRAAdapterRequest(lora_name="x", lora_path="/tmp"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "--enable-lora" in (err.value.details() or "")
+    listed = await stub.ListLoadedLoRAAdapters(pb.ListLoadedLoRAAdaptersRequest())
+    assert list(listed.loaded_adapters) == []
+    assert (await stub.HealthCheck(pb.HealthCheckRequest(), timeout=30)).healthy

@@ -37,6 +37,27 @@ PD_CPU_FLAGS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
+#: LoRA on a CPU for the tiny adapters (``smg_servicer_core.testing.tiny_lora``: rank 8 on
+#: ``q_proj``/``v_proj``): SGLang's torch-native LoRA backend. SGLang's CPU build also needs pinned
+#: memory to be a no-op (its LoRA layers ask for it unconditionally): the test environments' shim
+#: does that in processes started with :data:`PIN_MEMORY_SHIM_ENV`.
+LORA_CPU_FLAGS = (
+    "--enable-lora",
+    "--lora-backend", "torch_native",
+    "--max-lora-rank", "8",
+    "--lora-target-modules", "q_proj", "v_proj",
+    "--max-loras-per-batch", "4",
+)  # fmt: skip
+LORA_ENGINE_KWARGS: dict[str, object] = {
+    "enable_lora": True,
+    "lora_backend": "torch_native",
+    "max_lora_rank": 8,
+    "lora_target_modules": ["q_proj", "v_proj"],
+    "max_loras_per_batch": 4,
+}
+#: Turns on ``tools/envs/sglang-cpu/shims/pin_memory_shim.py`` in a process and its children.
+PIN_MEMORY_SHIM_ENV = {"SMG_CPU_PIN_MEMORY_SHIM": "1"}
+
 #: The same settings as keyword arguments of ``sglang.Engine`` (in-process references, benches).
 ENGINE_KWARGS: dict[str, object] = {
     "device": "cpu",

@@ -42,17 +42,19 @@ class TinyLoraSpec:
         return f"lora-r{self.rank}-s{self.seed}-{'-'.join(self.targets)}"
 
 
-def _shapes(model: TinyModelSpec, target: str) -> tuple[int, int]:
-    """(in, out) features of one attention projection of the tiny model."""
+def _module(model: TinyModelSpec, target: str) -> tuple[str, int, int]:
+    """(block, in features, out features) of one projection of the tiny model."""
     head_dim = model.hidden // model.heads
-    outs = {
-        "q_proj": model.heads * head_dim,
-        "k_proj": model.kv_heads * head_dim,
-        "v_proj": model.kv_heads * head_dim,
-        "o_proj": model.hidden,
+    shapes = {
+        "q_proj": ("self_attn", model.hidden, model.heads * head_dim),
+        "k_proj": ("self_attn", model.hidden, model.kv_heads * head_dim),
+        "v_proj": ("self_attn", model.hidden, model.kv_heads * head_dim),
+        "o_proj": ("self_attn", model.heads * head_dim, model.hidden),
+        "gate_proj": ("mlp", model.hidden, model.intermediate),
+        "up_proj": ("mlp", model.hidden, model.intermediate),
+        "down_proj": ("mlp", model.intermediate, model.hidden),
     }
-    ins = {"o_proj": model.heads * head_dim}
-    return ins.get(target, model.hidden), outs[target]
+    return shapes[target]
 
 
 def adapter_config(spec: TinyLoraSpec, base_model: str) -> dict[str, Any]:
@@ -88,8 +90,8 @@ def make_tiny_lora(
     tensors: dict[str, Any] = {}
     for layer in range(model.layers):
         for target in spec.targets:
-            fan_in, fan_out = _shapes(model, target)
-            prefix = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            block, fan_in, fan_out = _module(model, target)
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{target}"
             tensors[f"{prefix}.lora_A.weight"] = rng.normal(0.0, spec.scale, (spec.rank, fan_in))
             tensors[f"{prefix}.lora_B.weight"] = rng.normal(0.0, spec.scale, (fan_out, spec.rank))
     out = Path(out_dir)
