@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 import smg_it
-from smg_it.harness import Worker, free_port, sglang_worker
+from smg_it.harness import free_port, sglang_worker
 from smg_servicer_core.config import environment
 from smg_servicer_core.testing.router import Router
 from smg_servicer_sglang.testing import PD_CPU_FLAGS, PIN_MEMORY_SHIM_ENV

@@ -269,7 +269,9 @@ async def test_unload_waits_for_the_request_using_the_adapter_and_refuses_new_on
     unload = asyncio.ensure_future(
         stub.UnloadLoRAAdapter(pb.UnloadLoRAAdapterRequest(lora_name="c"))
     )
+    deadline = time.monotonic() + 30
     while "c" in await loaded(stub):
+        assert time.monotonic() < deadline, "the adapter never left the list"
         await asyncio.sleep(0.02)
     code, details = await refused(lambda: stub.Generate(request("c")))
     assert code == CODE.INVALID_ARGUMENT and "'c'" in details
