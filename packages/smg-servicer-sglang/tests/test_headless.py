@@ -53,6 +53,10 @@ def test_the_plugin_sglang_needs_is_installed_here() -> None:
     [
         (["--dp-size", "2"], "--dp-size > 1 is not served"),
         (["--disaggregation-mode", "decode"], "prefill/decode roles are not served"),
+        (
+            ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"],
+            "--enable-lora: LoRA adapters are served on the Python gRPC lane only",
+        ),
     ],
 )
 def test_a_shape_the_lane_does_not_serve_is_refused_before_a_scheduler_starts(

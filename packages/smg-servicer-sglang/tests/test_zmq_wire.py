@@ -157,6 +157,17 @@ def test_a_request_sglang_would_refuse_ends_at_once_with_400(change: dict, why: 
     assert source.sender.live == set()
 
 
+def test_a_request_naming_an_adapter_is_refused_for_the_python_lane() -> None:
+    """The scheduler takes only a registered adapter id and asserts on another (the engine dies);
+    names and loads are the Python lane's, so this lane refuses any ``lora_id``."""
+    source, _ = _source()
+    [req] = source._decode([zmq_wire.ADD, msgspec.msgpack.encode(ROUTER_ADD)])
+    assert source.refusal(req) is None
+    req.lora_id = "my-adapter"
+    why = source.refusal(req) or ""
+    assert "'my-adapter'" in why and "Python gRPC lane" in why
+
+
 def test_a_drain_refuses_new_requests_with_503() -> None:
     source, out = _source()
     source.draining = True

@@ -22,8 +22,10 @@ scheduler structs to it (:mod:`smg_servicer_sglang.zmq_wire`).
   tokens used and total), which the router reads for ``/get_loads`` and load-aware policies.
 
 Not on this lane (refused at start, exit 2): data parallelism (``--dp-size`` > 1, as ``smg serve``
-itself refuses it) and prefill/decode roles (the router's SGLang ZMQ client serves neither); use
-the gRPC lane. Exit codes are core's table (:class:`smg_servicer_core.entry.ExitCode`).
+itself refuses it), prefill/decode roles (the router's SGLang ZMQ client serves neither) and LoRA
+(``--enable-lora``: adapter names, loads and in-use counts are the Python lane's; a request naming
+an adapter is refused with 400 here); use the gRPC lane. Exit codes are core's table
+(:class:`smg_servicer_core.entry.ExitCode`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 from smg_servicer_core.entry import ExitCode, configure_logging
 from smg_servicer_core.watchdog import ExitWatch
 from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
+from smg_servicer_sglang import zmq_wire
 from smg_servicer_sglang.zmq_plugin import DRAIN_SIGNAL, ENGINE_INDEX_ENV, HANDSHAKE_ENV
 
 logger = logging.getLogger(__name__)
@@ -107,6 +110,8 @@ def unsupported(config: Any) -> str | None:
         return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
     if sg.disaggregation_mode(config) != "null":
         return "prefill/decode roles are not served over SGLang's ZMQ wire"
+    if getattr(config, "enable_lora", False):
+        return f"--enable-lora: {zmq_wire.LORA_ON_PYTHON_LANE}"
     return None
 
 

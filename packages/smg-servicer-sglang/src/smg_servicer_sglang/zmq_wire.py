@@ -406,6 +406,13 @@ def _readable_rid(payload: bytes) -> str | None:
     return items[1] if len(items) > 1 and isinstance(items[1], str) else None
 
 
+#: Why an adapter is refused on the Rust and ZMQ lanes.
+LORA_ON_PYTHON_LANE = (
+    "LoRA adapters are served on the Python gRPC lane only (it resolves and counts them; this "
+    "lane cannot)"
+)
+
+
 class RequestSource:
     """The scheduler's request source on this lane: :meth:`drain` is what SGLang's request
     receiver calls each loop (every message waiting, never blocking, never raising). A request
@@ -431,13 +438,8 @@ class RequestSource:
         """Why the scheduler must not see ``req`` (what SGLang's front end would refuse)."""
         if not isinstance(req, sglang().TokenizedGenerateReqInput):
             return "only generation requests are served on this lane"
-        ids = req.input_ids
-        if ids is None or len(ids) == 0:
-            return "the prompt cannot be empty"
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
+        if (why := self._prompt_refusal(req.input_ids)) is not None:
+            return why
         params = req.sampling_params
         try:
             params.normalize(self.tokenizer)
@@ -446,6 +448,19 @@ class RequestSource:
             return str(exc) or type(exc).__name__
         if params.n != 1:
             return f"n={params.n}: the router fans out n > 1 itself"
+        if getattr(req, "lora_id", None):
+            # The scheduler takes a registered adapter id only (it asserts on another and dies);
+            # names, loads and in-use counts live in the tokenizer manager's role.
+            return f"lora_id {str(req.lora_id)[:128]!r}: {LORA_ON_PYTHON_LANE}"
+        return None
+
+    def _prompt_refusal(self, ids: Any) -> str | None:
+        if ids is None or len(ids) == 0:
+            return "the prompt cannot be empty"
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
         return None
 
     def drain(self, limit: int) -> list[Any]:
