@@ -181,8 +181,13 @@ def test_disaggregation_and_routing_fields() -> None:
     assert req.bootstrap_port == 8998  # type: ignore[attr-defined]
     assert req.bootstrap_room == 0  # type: ignore[attr-defined] - room 0 is a real room
     assert req.routed_dp_rank == 2  # type: ignore[attr-defined]
-    assert req.lora_id == "adapter-1"  # type: ignore[attr-defined]
     assert req.require_reasoning is True  # type: ignore[attr-defined]
+    # The request's lora_id is a key the servicer resolves (lora.Adapters.use), never handed on.
+    assert req.lora_id is None  # type: ignore[attr-defined]
+    resolved = sg.build_generate(specs[0], LIMITS.vocab_size, None, ("id-1", "adapter-1"))
+    assert resolved.lora_id == "id-1"  # type: ignore[attr-defined]
+    if "lora_name" in type(resolved).__struct_fields__:  # SGLang 0.5.23 and later
+        assert resolved.lora_name == "adapter-1"  # type: ignore[attr-defined]
     plain = one(gen())
     assert plain.bootstrap_room is None  # type: ignore[attr-defined]
     assert plain.routed_dp_rank is None  # type: ignore[attr-defined]
