@@ -35,8 +35,9 @@ def lora_outputs(engine: object, names: list[str]) -> dict[str, object]:
         sampling_params=params,
         lora_path=[None, *names],
     )
-    out = {key: value["output_ids"] for key, value in result.items()}  # type: ignore[index]
-    return out | {"batch": [item["output_ids"] for item in batch]}
+    out: dict[str, object] = {key: value["output_ids"] for key, value in result.items()}  # type: ignore[index]
+    out["batch"] = [item["output_ids"] for item in batch]
+    return out
 
 
 def embeddings(engine: object) -> dict[str, list[float]]:

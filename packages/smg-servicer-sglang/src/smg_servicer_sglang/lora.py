@@ -40,11 +40,11 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from smg_servicer_core.config import Setting
 from smg_servicer_core.errors import (
@@ -162,13 +162,14 @@ def adapter_rank(folder: Path, shown: str) -> int:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise ValueError("too large")
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config: object = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"{CONFIG_FILE} of {shown} is not a readable JSON file") from exc
     if not isinstance(config, dict):
         raise InvalidRequest(f"{CONFIG_FILE} of {shown} is not a JSON object")
-    peft_type = str(config.get("peft_type") or "LORA").upper()
-    rank = config.get("r")
+    fields = cast("dict[str, object]", config)
+    peft_type = str(fields.get("peft_type") or "LORA").upper()
+    rank = fields.get("r")
     if peft_type != "LORA" or not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise InvalidRequest(f"{CONFIG_FILE} of {shown} does not describe a LoRA adapter")
     return rank
@@ -228,7 +229,7 @@ class Adapters:
     # -- a request's adapter ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def use(self, key: str) -> AsyncIterator[tuple[str, str] | None]:
+    async def use(self, key: str) -> AsyncGenerator[tuple[str, str] | None]:
         """The adapter ``key`` (an id or a name) names, ``(lora_id, lora_name)``, counted in use
         while the block runs; None for no adapter (an empty ``key``)."""
         if not key:

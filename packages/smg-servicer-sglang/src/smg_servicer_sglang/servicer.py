@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -158,7 +158,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
 
     async def _single(
         self, request: pb.GenerateRequest, req: Any
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
         self.manager.open([rid])
         try:
@@ -178,7 +178,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
 
     async def _parallel(
         self, request: pb.GenerateRequest, reqs: list[Any], prefix: Any
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
         rids = [r.rid for r in reqs]
         wake = self.manager.open([prefix.rid, *rids], group=rid)
