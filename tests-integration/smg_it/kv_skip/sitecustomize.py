@@ -10,8 +10,6 @@ prefilled prompt from the transferred KV, not from a local recompute.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import types
@@ -34,33 +32,8 @@ def _patch(module: types.ModuleType) -> None:
     manager._send_kvcache_generic = send
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)
-        _patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
 if FLAG:
-    sys.meta_path.insert(0, _Finder())
+    # The SGLang test environments put their shims folder (and its import hook) on the path.
+    from import_hook import after_import  # pyright: ignore[reportMissingImports]
+
+    after_import(TARGET, _patch)

@@ -307,17 +307,11 @@ class Adapters:
                 lora_name=name, lora_path=str(folder), pinned=pinned, lora_id=ref.lora_id
             )
             try:
-                replies = await self.manager.control(request, sg.LoRAUpdateOutput, UPDATE_TIMEOUT_S)
+                replies, failed = await self._update(request, "the engine refused adapter", name)
             except ServicerError:  # the ranks did not answer in time, or the server stops
                 self._count("load", "failed")
                 raise
-            failed = [r for r in replies if not r.success]
             if failed:
-                logger.warning(
-                    "the engine refused adapter %r: %s",
-                    name,
-                    " | ".join(str(r.error_message or "") for r in failed),
-                )
                 if len(failed) < len(replies):  # some ranks hold it: take it back out of them
                     await self._unload_in_ranks(name, ref.lora_id)
                 self._count("load", "refused")
@@ -384,12 +378,15 @@ class Adapters:
 
     async def _unload_in_ranks(self, name: str, lora_id: str) -> bool:
         request = sg.UnloadLoRAAdapterReqInput(lora_name=name, lora_id=lora_id)
+        _, failed = await self._update(request, "the engine did not unload adapter", name)
+        return not failed
+
+    async def _update(self, request: Any, failure: str, name: str) -> tuple[list[Any], list[Any]]:
+        """Send a load or unload to every rank: (their replies, the failed ones, logged: the
+        engine's messages go to the log, not to the caller)."""
         replies = await self.manager.control(request, sg.LoRAUpdateOutput, UPDATE_TIMEOUT_S)
         failed = [r for r in replies if not r.success]
         if failed:
-            logger.error(
-                "the engine did not unload adapter %r: %s",
-                name,
-                " | ".join(str(r.error_message or "") for r in failed),
-            )
-        return not failed
+            messages = " | ".join(str(r.error_message or "") for r in failed)
+            logger.warning("%s %r: %s", failure, name, messages)
+        return replies, failed

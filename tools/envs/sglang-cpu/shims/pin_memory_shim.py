@@ -35,13 +35,11 @@ KV-index event from its device module (``torch.get_device_module()``) instead of
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import os
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
+
+from import_hook import after_import
 
 #: The variable that turns the shim on.
 ENV = "SMG_CPU_PIN_MEMORY_SHIM"
@@ -82,41 +80,8 @@ def patch(torch: Any) -> bool:
     return True
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)
-        patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torch":
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
 def install() -> None:
     """Active in processes started with ``SMG_CPU_PIN_MEMORY_SHIM=1`` (their children inherit
     it): the tests that need pinned memory ask for it, the others keep SGLang's own failure."""
-    if os.environ.get(ENV) != "1":
-        return
-    if "torch" in sys.modules:
-        patch(sys.modules["torch"])
-        return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    if os.environ.get(ENV) == "1":
+        after_import("torch", patch)
