@@ -33,6 +33,10 @@ _JSON_SCHEMAS = st.sampled_from(
      '{"type": "nonsense"}', '{"properties": 5}', "", "{" * 200]
 )  # fmt: skip
 _REGEXES = st.sampled_from(["[a-z]+", "a|b", "([", "(?P<x", "*", "", "a{99999999}", "\\"])
+_ADAPTERS = st.one_of(
+    st.sampled_from(["a", "base", "0", "../../etc/passwd", "/tmp", "x" * 5000, "\x00", "a:b"]),
+    st.text(min_size=1, max_size=16),
+)
 _GRAMMARS = st.sampled_from(['root ::= "a"', "root ::=", "::= ::=", "", "root ::= root"])
 
 
@@ -209,4 +213,7 @@ def generate_requests(draw: st.DrawFn, wire: str, vocab: int, context: int) -> A
         )
     if "data_parallel_rank" in top and draw(st.integers(0, 7)) == 0:
         request.data_parallel_rank = draw(_int(INT32))
+    if "lora_id" in top and draw(st.integers(0, 7)) == 0:
+        # Adapter names, ids and paths (SGLang's scheduler asserted on an unknown id and died).
+        request.lora_id = draw(_ADAPTERS)
     return request
