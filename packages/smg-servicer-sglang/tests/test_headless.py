@@ -87,3 +87,22 @@ def test_the_routers_own_launcher_dies_before_it_launches_this_one(tiny_model: P
     assert done.returncode != 0
     assert "no attribute 'data_parallel_size'" in done.stderr, done.stderr[-2000:]
     assert "smg_grpc_servicer.sglang.headless" not in done.stdout + done.stderr
+
+
+@pytest.mark.engine  # SGLang resolves its settings against the tiny model
+def test_the_rust_lane_refuses_lora_before_a_scheduler_starts(tiny_model: Path) -> None:
+    """The Rust lane shares this launcher's start (``headless.prepared``): ``--enable-lora`` is
+    refused there too (smg's server would hand a request's adapter straight to the scheduler)."""
+    from smg_servicer_sglang.testing import LORA_CPU_FLAGS, launcher_command
+
+    command = launcher_command(
+        tiny_model, 9, "--servicer-impl", "rust", python=Path(sys.executable)
+    )
+    done = subprocess.run(
+        [*command, *LORA_CPU_FLAGS], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: --enable-lora: LoRA adapters are served on the Python gRPC lane only" in (
+        done.stderr
+    )
+    assert "starting SGLang's scheduler" not in done.stderr

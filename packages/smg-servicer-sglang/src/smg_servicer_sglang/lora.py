@@ -130,6 +130,13 @@ def confine(raw: str, roots: tuple[Path, ...]) -> Path:
     real = Path(os.path.realpath(raw))
     if not _inside(real, roots):
         raise PermissionDenied(f"lora_path {shown} is outside the folders this worker allows")
+    try:
+        return _adapter_folder(real, roots, shown)
+    except OSError as exc:  # a name too long, a loop of links, no permission
+        raise InvalidRequest(f"lora_path {shown} cannot be read as an adapter folder") from exc
+
+
+def _adapter_folder(real: Path, roots: tuple[Path, ...], shown: str) -> Path:
     if not real.is_dir():
         raise NotFound(f"no adapter folder at lora_path {shown}")
     config = _member(real, CONFIG_FILE, roots, shown)
