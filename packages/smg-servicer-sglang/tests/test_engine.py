@@ -309,10 +309,9 @@ async def test_flush_cache(stub: Any) -> None:
 
 
 async def test_refusals_are_unimplemented(stub: Any) -> None:
+    # The LoRA RPCs are served (test_a_worker_without_lora_refuses_any_adapter_by_name_...).
     calls = [
         stub.Embed(pb.EmbedRequest(request_id="e", tokenized=pb.TokenizedInput(input_ids=[1]))),
-        stub.LoadLoRAAdapter(pb.LoadLoRAAdapterRequest(lora_name="a", lora_path="/x")),
-        stub.ListLoadedLoRAAdapters(pb.ListLoadedLoRAAdaptersRequest()),
     ]
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as err:
