@@ -106,12 +106,12 @@ def unsupported(config: Any) -> str | None:
     """Why SGLang's resolved settings cannot run on this lane, or None."""
     from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
 
+    if getattr(config, "enable_lora", False):
+        return f"--enable-lora: {zmq_wire.LORA_ON_PYTHON_LANE}"
     if sg.dp_size() > 1:
         return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
     if sg.disaggregation_mode(config) != "null":
         return "prefill/decode roles are not served over SGLang's ZMQ wire"
-    if getattr(config, "enable_lora", False):
-        return f"--enable-lora: {zmq_wire.LORA_ON_PYTHON_LANE}"
     return None
 
 
