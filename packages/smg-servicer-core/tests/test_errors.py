@@ -18,6 +18,7 @@ EXPECTED = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     errors.Unsupported: grpc.StatusCode.UNIMPLEMENTED,

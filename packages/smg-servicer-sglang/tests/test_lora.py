@@ -82,14 +82,11 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model: Path) -> dict[str, list[Any]]:
-    """``sglang.Engine``'s greedy ids for the base model and adapters a, b (alone and batched)."""
-    pairs = [f"a={adapter(1)}", f"b={adapter(2)}"]
-    return run_reference(tiny_model, "--lora", *pairs, env=PIN_MEMORY_SHIM_ENV)
-
-
-@pytest.fixture(scope="module")
-def lora_server(tiny_model: Path, folders: dict[str, Path]) -> Iterator[Server]:
+def lora_worker(
+    tiny_model: Path, folders: dict[str, Path]
+) -> Iterator[tuple[Server, dict[str, list[Any]]]]:
+    """The LoRA worker, and ``sglang.Engine``'s greedy ids for the base model and adapters a, b
+    (alone and batched), computed while the worker starts."""
     metrics_port = free_port()
     env = PIN_MEMORY_SHIM_ENV | {
         "SMG_SGLANG_SERVICER_LORA_ALLOWED_DIRS": str(folders["allowed"]),
@@ -98,10 +95,22 @@ def lora_server(tiny_model: Path, folders: dict[str, Path]) -> Iterator[Server]:
     server = start_server(tiny_model, *LORA_CPU_FLAGS, "--lora-paths", f"a={adapter(1)}", env=env)
     server.metrics_port = metrics_port
     try:
+        pairs = [f"a={adapter(1)}", f"b={adapter(2)}"]
+        reference = run_reference(tiny_model, "--lora", *pairs, env=PIN_MEMORY_SHIM_ENV)
         server.wait_serving()
-        yield server
+        yield server, reference
     finally:
         assert server.stop() == 0, server.tail()
+
+
+@pytest.fixture(scope="module")
+def lora_server(lora_worker: tuple[Server, dict[str, list[Any]]]) -> Server:
+    return lora_worker[0]
+
+
+@pytest.fixture(scope="module")
+def reference(lora_worker: tuple[Server, dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    return lora_worker[1]
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")

@@ -87,3 +87,21 @@ def test_a_bad_command_line_is_exit_2_with_one_line(
     assert headless.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert why in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("died_code", "signalled", "code"),
+    [
+        (None, True, 0),  # a drain: every core exited 0
+        (None, False, 1),  # the cores stopped unasked
+        (-9, False, 1),  # a core was killed
+        (-9, True, 1),  # killed during a stop: still a death
+        (1, True, 1),  # crashed during a stop
+        (-15, True, 0),  # vLLM's own SIGTERM to a core that was not ready when the stop came
+        (-15, False, 1),  # a SIGTERM the launcher did not ask for
+    ],
+)
+def test_the_exit_code_tells_a_death_from_a_stop(
+    died_code: int | None, signalled: bool, code: int
+) -> None:
+    assert headless.exit_code(died_code, signalled) == code

@@ -188,6 +188,8 @@ class CoreWatch:
         self.expected = expected
         self.stopping = threading.Event()
         self.died: str | None = None
+        #: The exit code of the core that ``died`` names.
+        self.died_code: int | None = None
         self.told = threading.Event()
         self._thread = threading.Thread(target=self._run, name="smg-core-watch", daemon=True)
         self._thread.start()
@@ -215,6 +217,7 @@ class CoreWatch:
                 code = _exit_code(proc)
                 if code not in (0, None) and self.died is None:
                     self.died = f"{proc.name} exited {code}"
+                    self.died_code = code
                     logger.error("engine core %s exited %s", proc.name, code)
                     self._tell("an engine core died")
         if cores and not self.told.is_set():
@@ -299,7 +302,15 @@ def run(args: argparse.Namespace, serve: Callable[[argparse.Namespace], Any]) ->
     finally:
         watch.join(timeout_s=args.shutdown_timeout + 30)
         relay.close()
-    if watch.died is not None:
+    return exit_code(watch.died_code if watch.died is not None else None, signalled)
+
+
+def exit_code(died_code: int | None, signalled: bool) -> int:
+    """The launcher's exit code: 1 when a core died or the cores stopped unasked; 0 after a stop
+    that was asked. A core ended by SIGTERM while the launcher itself was stopping is part of the
+    stop: vLLM's process manager sends its cores SIGTERM when a stop comes before they are ready
+    (a SIGTERM while the engine starts; seen in the gate as exit 1)."""
+    if died_code is not None and not (signalled and died_code == -signal.SIGTERM):
         return ExitCode.ENGINE_DIED
     if not signalled:
         logger.error("the engine cores stopped unasked")
