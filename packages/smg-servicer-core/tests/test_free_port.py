@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +30,28 @@ def test_no_free_port_left_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="no free port"):
         for _ in range(600):  # the range runs out: the ports handed out are never reused
             taken.append(process.free_port(below=20000 + 500))
+
+
+def test_a_port_file_read_while_half_written_waits_for_the_number(tmp_path: Path) -> None:
+    """A server that creates its port file before writing the number (a plain ``write_text``)
+    is waited for, not read as ``''`` (the CI run of 2026-12-06 failed so)."""
+    port_file = tmp_path / "port"
+    slow_writer = (
+        "import sys, time; f = open(sys.argv[1], 'w'); f.flush(); time.sleep(0.5);"
+        " f.write('4321'); f.close(); time.sleep(30)"
+    )
+    proc, port = process.spawn_with_port_file(
+        [sys.executable, "-c", slow_writer, str(port_file)], port_file, timeout_s=20
+    )
+    try:
+        assert port == 4321
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_announce_port_never_leaves_a_half_written_file(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    process.announce_port(port_file, 5678)
+    assert port_file.read_text() == "5678"
+    assert [p.name for p in tmp_path.iterdir()] == ["port"]

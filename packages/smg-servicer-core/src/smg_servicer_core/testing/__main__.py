@@ -26,6 +26,7 @@ from smg_servicer_core.server import serve
 from smg_servicer_core.stream import coalescing
 from smg_servicer_core.testing.fake_engine import FakeEngine, FakeScript
 from smg_servicer_core.testing.fake_servicer import SERVICE_NAME, FakeEngineServicer
+from smg_servicer_core.testing.process import announce_port
 
 logger = logging.getLogger("smg_servicer_core.testing")
 
@@ -83,9 +84,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     def announce(port: int) -> None:
         if args.port_file is not None:
-            tmp = args.port_file.with_suffix(".tmp")
-            tmp.write_text(str(port))
-            tmp.replace(args.port_file)
+            announce_port(args.port_file, port)
 
     with _engine_process(args.engine_process):
         return await serve(

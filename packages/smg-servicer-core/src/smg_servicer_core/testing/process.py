@@ -43,13 +43,28 @@ def spawn_with_port_file(
     if cpus:  # before the interpreter has started any thread: they all inherit it
         os.sched_setaffinity(proc.pid, cpus)
     deadline = time.monotonic() + timeout_s
-    while not port_file.exists():
+    # A writer that is not atomic leaves the file empty for a moment: wait for a whole number.
+    while not (text := _read_if_there(port_file)).strip().isdigit():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             out = proc.communicate()[0] or b""
             raise RuntimeError(f"server did not start: {out.decode(errors='replace')[-3000:]}")
         time.sleep(0.02)
-    return proc, int(port_file.read_text())
+    return proc, int(text)
+
+
+def _read_if_there(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def announce_port(port_file: Path, port: int) -> None:
+    """Write ``port`` to ``port_file`` at once (a reader never sees it half written)."""
+    tmp = port_file.with_name(port_file.name + ".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(port_file)
 
 
 def fake_server_command(port_file: Path, *flags: str) -> list[str]:

@@ -16,6 +16,7 @@ from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.proto import vllm_engine_pb2_grpc
 from smg_servicer_core.server import ExternalEngine, ServerOptions, ServiceBinding, serve
+from smg_servicer_core.testing.process import announce_port
 from smg_servicer_core.wire_guard import tolerant_add
 from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
@@ -36,7 +37,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     def announce(port: int) -> None:
         if args.port_file is not None:
-            args.port_file.write_text(str(port))
+            announce_port(args.port_file, port)
 
     code = await serve(
         [ServiceBinding(SERVICE_NAME, register)],
