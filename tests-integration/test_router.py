@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 
+from smg_it.harness import Worker, free_port
+from smg_servicer_core.testing.metrics import Samples, family_names, scrape, total
 from smg_servicer_core.testing.requests import STUBS, WIRES
 
 pytestmark = pytest.mark.integration
@@ -173,3 +179,77 @@ def test_the_router_selects_no_sglang_adapter_and_the_request_gets_the_base_mode
     }  # fmt: skip
     answered = httpx.post(router.base + "/v1/chat/completions", json=chat, timeout=60)
     assert answered.status_code == 200, answered.text
+
+
+#: vLLM's counters a completed request moves, by how much: (sample, what of the workload).
+VLLM_COUNTERS = (
+    ("vllm:request_success_total", "requests"),
+    ("vllm:prompt_tokens_total", "prompt_tokens"),
+    ("vllm:generation_tokens_total", "completion_tokens"),
+    ("vllm:time_to_first_token_seconds_count", "requests"),
+)
+
+
+def _workload(base: str, model: str) -> dict[str, int]:
+    """Three greedy completions of 5, 6 and 7 tokens: what they asked for, counted from usage."""
+    done = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    for i, max_tokens in enumerate((5, 6, 7)):
+        body = {"model": model, "prompt": f"Count {i}: one two", "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": True}  # fmt: skip
+        reply = httpx.post(base + "/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        usage = reply.json()["usage"]
+        assert usage["completion_tokens"] == max_tokens
+        done["requests"] += 1
+        done["prompt_tokens"] += usage["prompt_tokens"]
+        done["completion_tokens"] += max_tokens
+    return done
+
+
+def _counted(port: int, workload: dict[str, int], before: Samples) -> dict[str, float]:
+    """Each of :data:`VLLM_COUNTERS`' change since ``before``, once they reach the workload
+    (vLLM records a step's stats just after handing out its outputs) or 10 s passed."""
+    deadline = time.monotonic() + 10
+    while True:
+        now = scrape(port)
+        moved = {name: total(now, name) - total(before, name) for name, _ in VLLM_COUNTERS}
+        if all(moved[n] >= workload[w] for n, w in VLLM_COUNTERS) or time.monotonic() > deadline:
+            return moved
+        time.sleep(0.1)
+
+
+@contextmanager
+def _vllm_http_server(model: Path) -> Iterator[str]:
+    """vLLM's own OpenAI HTTP server on the same model and flags, stats on: its base URL."""
+    from smg_servicer_vllm.testing import cpu_flags  # the vLLM environments' (this runs in two)
+
+    port = free_port()
+    flags = cpu_flags(model, log_stats=True)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *flags,
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with Worker(cmd, port, start_timeout_s=240):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_vllms_own_metrics_count_a_workload_through_the_router(vllm_router, tiny_model) -> None:
+    """``--metrics-port`` serves vLLM's own metrics (``vllm:*``, vLLM's names and labels) beside
+    the servicer's: a workload through the router moves vLLM's request, prompt-token,
+    generation-token and TTFT counters by exactly that workload, and the ``vllm:*`` families are
+    the ones vLLM's own HTTP server exports for the same model and flags (started here, the same
+    workload sent to it)."""
+    worker, router = vllm_router
+    before = scrape(worker.metrics_port)
+    workload = _workload(router.base, _model(router))
+    ours = _counted(worker.metrics_port, workload, before)
+    assert ours == {name: workload[what] for name, what in VLLM_COUNTERS}
+    served = family_names(worker.metrics_port)
+    assert "smg_servicer_rpc_requests" in served
+    with _vllm_http_server(tiny_model) as base:
+        port = int(base.rsplit(":", 1)[1])
+        before_http = scrape(port)
+        http_workload = _workload(base, str(tiny_model))
+        theirs = _counted(port, http_workload, before_http)
+        assert theirs == {name: http_workload[what] for name, what in VLLM_COUNTERS}
+        vllms = {name for name in family_names(port) if name.startswith("vllm:")}
+    assert vllms, "vLLM's HTTP server exports vllm:* families"
+    assert {name for name in served if name.startswith("vllm:")} == vllms

@@ -32,6 +32,7 @@ __all__ = [
     "Worker",
     "deployment",
     "free_port",
+    "metered_worker",
     "mlx_worker",
     "sglang_worker",
     "stop_tree",
@@ -63,6 +64,8 @@ class Worker:
         self.env = dict(env or {})
         self.url = f"grpc://127.0.0.1:{port}"
         self.process: WorkerProcess | None = None
+        #: Where its ``/metrics`` is served, when it is (:func:`metered_worker`).
+        self.metrics_port: int | None = None
 
     def start(self) -> WorkerProcess:
         self.process = start_worker(self.cmd, self.port, self.service, self.env)
@@ -111,14 +114,14 @@ def mlx_worker(
     return Worker(serve_command(model, port, *extra), port, service=SERVICES["mlx"], env=env)
 
 
-def vllm_worker(model: Path, port: int, *extra: str) -> Worker:
+def vllm_worker(model: Path, port: int, *extra: str, log_stats: bool = False) -> Worker:
     """vLLM's own gRPC launcher (what ``vllm serve MODEL --grpc`` runs), which imports our
-    servicer through ``smg_grpc_servicer.vllm``; CPU-sized for the tiny model."""
+    servicer through ``smg_grpc_servicer.vllm``; CPU-sized for the tiny model, vLLM's stats
+    (its ``vllm:*`` metrics) off unless ``log_stats``."""
     from smg_servicer_vllm.testing import launcher_command
 
-    return Worker(
-        launcher_command(model, port, *extra), port, service=SERVICES["vllm"], start_timeout_s=240
-    )
+    cmd = launcher_command(model, port, *extra, log_stats=log_stats)
+    return Worker(cmd, port, service=SERVICES["vllm"], start_timeout_s=240)
 
 
 def sglang_worker(
@@ -177,8 +180,31 @@ WORKERS: dict[str, Callable[..., Worker]] = {
 }
 
 
+def metered_worker(
+    engine: str, model: Path, port: int, metrics_port: int, *, engine_stats: bool = False
+) -> Worker:
+    """A worker of ``engine`` with ``/metrics`` on ``metrics_port`` (:attr:`Worker.metrics_port`):
+    the servicer's metrics, and the engine's own where it has them (vLLM's only with
+    ``engine_stats``: the test workers run with ``--disable-log-stats`` otherwise)."""
+    if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
+        worker = sglang_worker(
+            model, port, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
+        )
+    elif engine == "vllm":
+        metrics = ("--metrics-port", str(metrics_port))
+        worker = vllm_worker(model, port, *metrics, log_stats=engine_stats)
+    else:
+        worker = WORKERS[engine](model, port, "--metrics-port", str(metrics_port))
+    worker.metrics_port = metrics_port
+    return worker
+
+
 @contextmanager
 def deployment(engine: str, model: Path) -> Iterator[tuple[Worker, Router]]:
-    """A worker of ``engine`` on ``model`` and the real router in front of it."""
-    with WORKERS[engine](model, free_port()) as worker, Router(worker.url) as router:
+    """A worker of ``engine`` on ``model`` (metered, the engine's own stats on:
+    :func:`metered_worker`) and the real router in front of it."""
+    with (
+        metered_worker(engine, model, free_port(), free_port(), engine_stats=True) as worker,
+        Router(worker.url) as router,
+    ):
         yield worker, router

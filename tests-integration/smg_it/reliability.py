@@ -21,7 +21,7 @@ import grpc
 import psutil
 
 from smg_it.figures import record
-from smg_it.harness import WORKERS, Worker, free_port, sglang_worker
+from smg_it.harness import Worker, free_port, metered_worker
 from smg_servicer_core.testing.metrics import scrape, value
 from smg_servicer_core.testing.process import wait_serving
 from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES, Wire, generate_request
@@ -52,14 +52,6 @@ REFERENCE_TOKENS = 8
 
 def service_name(wire: str) -> str:
     return SERVICES[wire]
-
-
-def _worker_command(engine: Wire, model: Path, port: int, metrics_port: int) -> Worker:
-    if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
-        return sglang_worker(
-            model, port, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
-        )
-    return WORKERS[engine](model, port, "--metrics-port", str(metrics_port))
 
 
 @dataclass
@@ -172,7 +164,7 @@ class Target:
 def running(engine: Wire, model: Path) -> Iterator[Target]:
     """A worker of ``engine`` on the tiny model, healthy, its limits and reference learnt."""
     port, metrics_port = free_port(), free_port()
-    worker = _worker_command(engine, model, port, metrics_port)
+    worker = metered_worker(engine, model, port, metrics_port)
     with worker:
         target = Target(engine, worker, metrics_port)
         target.wait_healthy()

@@ -70,6 +70,47 @@ def test_names_follow_prometheus_conventions() -> None:
     assert labels == {"OK"}
 
 
+class _Broken:
+    def collect(self) -> Any:
+        raise OSError("a multi-process file being rewritten")
+
+
+@pytest.mark.unit
+def test_the_engines_own_registry_is_served_beside_ours(caplog: pytest.LogCaptureFixture) -> None:
+    """Every family of the engine's registry, its names and labels untouched, beside ours; its
+    process collector, when it has one, is the only one (no family twice); a registry that fails
+    to collect leaves the scrape with ours, logged once by type."""
+    from prometheus_client import CollectorRegistry, Counter, ProcessCollector
+
+    from smg_servicer_core.metrics import EngineMetrics
+
+    engine = CollectorRegistry()
+    Counter("eng:prompt_tokens", "prompt tokens", ["model_name"], registry=engine).labels(
+        model_name="m"
+    ).inc(7)
+    ProcessCollector(registry=engine)
+    server = MetricsServer(ServicerMetrics(), "127.0.0.1", 0, EngineMetrics(engine, "Eng"))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics") as reply:
+            text = reply.read().decode()
+    finally:
+        server.close()
+    assert 'eng:prompt_tokens_total{model_name="m"} 7.0' in text
+    assert text.count("# TYPE process_cpu_seconds_total counter") == 1
+    assert "smg_servicer_generate_output_tokens_total" in text
+
+    server = MetricsServer(ServicerMetrics(), "127.0.0.1", 0, EngineMetrics(_Broken(), "Eng"))
+    try:
+        first, second = scrape(server.port), scrape(server.port)
+    finally:
+        server.close()
+    for samples in (first, second):
+        assert "smg_servicer_generate_output_tokens_total" in {name for name, _ in samples}
+        assert "process_cpu_seconds_total" in {name for name, _ in samples}  # ours, then
+    failures = [r.getMessage() for r in caplog.records if "could not be collected" in r.message]
+    assert failures == ["Eng's own metrics could not be collected (OSError); serving the servicer's"]
+
+
 @pytest.mark.unit
 def test_metrics_are_off_without_the_flag_and_the_port_must_differ() -> None:
     assert start_metrics(resolve_server(None, {}, "fake")) is None

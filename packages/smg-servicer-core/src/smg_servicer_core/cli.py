@@ -27,7 +27,7 @@ from smg_servicer_core.config import ResolvedSettings, Setting, at_least, port_n
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.metrics import MetricsServer, ServicerMetrics
+from smg_servicer_core.metrics import EngineMetrics, MetricsServer, ServicerMetrics
 from smg_servicer_core.server import (
     EngineLifecycle,
     MiB,
@@ -150,13 +150,16 @@ def check_metrics_port(resolved: ResolvedSettings, grpc_port: int) -> None:
         raise ConfigError(f"--metrics-port {port} is the gRPC port; choose another")
 
 
-def start_metrics(resolved: ResolvedSettings) -> tuple[ServicerMetrics, MetricsServer] | None:
+def start_metrics(
+    resolved: ResolvedSettings, engine: EngineMetrics | None = None
+) -> tuple[ServicerMetrics, MetricsServer] | None:
     """The metrics and their ``/metrics`` server when ``--metrics-port`` is set, else None
-    (and no port is opened)."""
+    (and no port is opened). ``engine``: the engine's own metrics, served beside ours."""
     if "metrics_port" not in resolved or resolved["metrics_port"] is None:
         return None
     metrics = ServicerMetrics()
-    return metrics, MetricsServer(metrics, resolved["metrics_host"], resolved["metrics_port"])
+    host, port = resolved["metrics_host"], resolved["metrics_port"]
+    return metrics, MetricsServer(metrics, host, port, engine)
 
 
 def server_options(resolved: ResolvedSettings, tls: ServerTls | None = None) -> ServerOptions:

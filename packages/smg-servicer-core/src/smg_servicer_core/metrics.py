@@ -379,16 +379,57 @@ class ServicerMetrics(Collector):
         yield updates
 
 
-class MetricsServer:
-    """``/metrics`` over HTTP for one :class:`ServicerMetrics` (plus the process collector)."""
+class EngineMetrics:
+    """An engine's own Prometheus registry (vLLM's ``vllm:*``...), served beside ours exactly as
+    the engine's HTTP server serves it: every family it holds, names and labels untouched.
 
-    def __init__(self, metrics: ServicerMetrics, host: str, port: int) -> None:
+    A registry that fails to collect (a multi-process folder being rewritten) leaves the scrape
+    with our families; the failure is logged once, by its type."""
+
+    def __init__(self, registry: Collector, engine: str) -> None:
+        self.registry = registry
+        self.engine = engine
+        self._failed = False
+
+    def names(self) -> set[str]:
+        return {family.name for family in self.collect()}
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self.registry.collect())
+        except Exception as exc:  # noqa: BLE001 - one engine's scrape must not end ours
+            if not self._failed:
+                self._failed = True
+                logger.warning(
+                    "%s's own metrics could not be collected (%s); serving the servicer's",
+                    self.engine,
+                    type(exc).__name__,
+                )
+            return
+        yield from families
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP for one :class:`ServicerMetrics`, the process collector, and the
+    engine's own metrics (:class:`EngineMetrics`) where the engine has them."""
+
+    def __init__(
+        self,
+        metrics: ServicerMetrics,
+        host: str,
+        port: int,
+        engine: EngineMetrics | None = None,
+    ) -> None:
         from prometheus_client import start_http_server  # noqa: PLC0415 - only when enabled
 
         self.metrics = metrics
         self.registry = CollectorRegistry()
         self.registry.register(metrics)
-        ProcessCollector(registry=self.registry)
+        engine_names = engine.names() if engine is not None else set[str]()
+        if engine is not None:
+            self.registry.register(engine)  # no describe(): its names are the engine's to keep
+        if "process_cpu_seconds" not in engine_names:  # the engine's registry may hold its own
+            ProcessCollector(registry=self.registry)
         try:
             self._server, self._thread = start_http_server(port, host, registry=self.registry)
         except OSError as exc:

@@ -21,6 +21,7 @@ __all__ = [
     "argument_parser",
     "embed_params",
     "greedy_params",
+    "prometheus_registry",
     "sampling_params",
     "tokens_prompt",
 ]
@@ -49,6 +50,18 @@ def tokens_prompt(input_ids: list[int], text: str = "", cache_salt: str = "") ->
 
 def embed_params() -> Any:
     return PoolingParams(task="embed")
+
+
+def prometheus_registry() -> Any:
+    """The registry vLLM's HTTP server serves on ``/metrics``: the process's default one, or the
+    multi-process collection when ``PROMETHEUS_MULTIPROC_DIR`` is set (vLLM's own choice)."""
+    try:
+        from vllm.v1.metrics.prometheus import get_prometheus_registry  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a release without the helper: the default registry
+        from prometheus_client import REGISTRY  # noqa: PLC0415
+
+        return REGISTRY
+    return get_prometheus_registry()
 
 
 def greedy_params(max_tokens: int) -> Any:

@@ -47,7 +47,13 @@ from smg_servicer_core.errors import (
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.gcheap import freeze_startup_heap
 from smg_servicer_core.loads import LoadTracker
-from smg_servicer_core.metrics import EngineLoad, LoadsSource, MetricsServer, ServicerMetrics
+from smg_servicer_core.metrics import (
+    EngineLoad,
+    EngineMetrics,
+    LoadsSource,
+    MetricsServer,
+    ServicerMetrics,
+)
 from smg_servicer_core.proto import common_pb2, vllm_engine_pb2_grpc
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.registry import RequestHandle
@@ -181,7 +187,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         #: Rejection notices on their way to the engine (kept until sent: see Generate).
         self._notices: set[asyncio.Task[None]] = set()
         self.metrics_server: MetricsServer | None = None
-        if metrics is None and (started := start_metrics(metrics_config)) is not None:
+        engine_metrics = EngineMetrics(_engine.prometheus_registry(), "vLLM")
+        if metrics is None and (started := start_metrics(metrics_config, engine_metrics)):
             metrics, self.metrics_server = started
         super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()

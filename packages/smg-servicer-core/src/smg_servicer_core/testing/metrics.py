@@ -42,6 +42,17 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def total(samples: Samples, name: str) -> float:
+    """The sum of every sample called ``name``, whatever its labels (0 when absent)."""
+    return sum(v for (sample, _), v in samples.items() if sample == name)
+
+
+def family_names(port: int, host: str = "127.0.0.1") -> set[str]:
+    """The metric families ``http://host:port/metrics`` exports (counters without ``_total``)."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return {family.name for family in text_string_to_metric_families(response.read().decode())}
+
+
 @dataclass
 class Workload:
     tokens: int = 0
