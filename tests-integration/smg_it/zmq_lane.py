@@ -192,17 +192,21 @@ def check_a_disconnect_aborts(lane: Lane, long: int) -> str:
 
 def check_the_server_aborts_for_a_client_that_left(lane: Lane, long: int, engine: str) -> None:
     """A Rust-lane worker (``grpc://``): a client that goes away after a few chunks has its
-    request aborted in the engine (the engine side logs "the router aborts"), and the next request
-    is served."""
+    request aborted in the engine (the engine side logs "the router aborts <id>" with this
+    request's id, which the router's stream carries as its ``id``), and the next request is
+    served."""
     body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
+    rid = ""
     with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=60) as s:
         assert s.status_code == 200
-        for _, _line in zip(range(4), s.iter_lines(), strict=False):
-            pass
+        for _, line in zip(range(4), s.iter_lines(), strict=False):
+            if not rid and line.startswith("data: {"):
+                rid = json.loads(line[len("data: ") :])["id"]
+    assert rid, "the stream carried no request id"
     until(
-        lambda: "the router aborts" in lane.engine.tail(100_000),
+        lambda: f"the router aborts {rid}" in lane.engine.tail(100_000),
         10,
-        f"the {engine} was never told that the client left",
+        f"the {engine} was never told that the client of {rid} left",
     )
     assert lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
 
