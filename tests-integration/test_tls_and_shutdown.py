@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 import signal
+import ssl
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from smg_it.faults import ENGINE_SHUTDOWN, hang_env
 from smg_it.harness import WORKERS, Router, Worker, free_port
 from smg_it.tls_proxy import TlsOriginator
 from smg_servicer_core.testing.certs import MutualTls, mutual_tls
+from smg_servicer_core.testing.metrics import scrape, scrape_https
 from smg_servicer_core.testing.requests import SERVICES, STUBS
 
 pytestmark = pytest.mark.integration
@@ -78,7 +81,12 @@ def locked(
     request: pytest.FixtureRequest, pki: MutualTls, tiny_model: Path
 ) -> Iterator[tuple[str, Worker]]:
     engine: str = request.param
-    worker = WORKERS[engine](tiny_model, free_port(), *pki.server_flags())
+    metrics_port = free_port()
+    metrics = () if engine == "sglang" else ("--metrics-port", str(metrics_port))
+    worker = WORKERS[engine](tiny_model, free_port(), *pki.server_flags(), *metrics)
+    worker.metrics_port = metrics_port
+    if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
+        worker.env["SMG_SGLANG_SERVICER_METRICS_PORT"] = str(metrics_port)
     worker.env.update(hang_env(ENGINE_SHUTDOWN[engine]))
     worker.env.update(
         {
@@ -119,6 +127,23 @@ def test_the_router_serves_chat_over_mutual_tls(locked: tuple[str, Worker], pki:
     assert sidecar.connections > 0  # every byte went over the worker's TLS port
     usage = reply.json()["usage"]
     assert 0 < usage["completion_tokens"] <= 6 and usage["prompt_tokens"] > 0
+
+
+def test_metrics_are_served_over_the_workers_mutual_tls(
+    locked: tuple[str, Worker], pki: MutualTls
+) -> None:
+    """``/metrics`` follows the gRPC port's TLS: HTTPS with its certificate, a scraper with a
+    client certificate of its CA served, one without (or with a stranger's) refused."""
+    _, worker = locked
+    assert worker.metrics_port is not None
+    assert "smg_servicer_rpc_requests_total" in scrape_https(
+        worker.metrics_port, pki.ca.cert, pki.client
+    )
+    for client in (None, pki.stranger):
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            scrape_https(worker.metrics_port, pki.ca.cert, client)
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        scrape(worker.metrics_port)  # plain HTTP
 
 
 @pytest.mark.parametrize("locked", ["mlx"], indirect=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ from smg_grpc_proto.generated import mlx_engine_pb2 as pb
 from smg_grpc_proto.generated import mlx_engine_pb2_grpc
 
 from smg_servicer_core.cli import resolve_server, start_metrics
+from smg_servicer_core.config import resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import Histogram, MetricsServer, ServicerMetrics
@@ -35,6 +38,7 @@ from smg_servicer_core.testing.metrics import (
     assert_workload_counted,
     metrics_workload,
     scrape,
+    scrape_https,
     value,
 )
 from smg_servicer_core.testing.process import fake_server_command, free_port, spawn_with_port_file
@@ -108,7 +112,9 @@ def test_the_engines_own_registry_is_served_beside_ours(caplog: pytest.LogCaptur
         assert "smg_servicer_generate_output_tokens_total" in {name for name, _ in samples}
         assert "process_cpu_seconds_total" in {name for name, _ in samples}  # ours, then
     failures = [r.getMessage() for r in caplog.records if "could not be collected" in r.message]
-    assert failures == ["Eng's own metrics could not be collected (OSError); serving the servicer's"]
+    assert failures == [
+        "Eng's own metrics could not be collected (OSError); serving the servicer's"
+    ]
 
 
 @pytest.mark.unit
@@ -241,3 +247,52 @@ def test_fake_server_process_serves_metrics_only_with_the_flag(tmp_path: Path) -
     )  # fmt: skip
     assert same.returncode == 2
     assert "is the gRPC port" in same.stderr
+
+
+@pytest.mark.unit
+def test_metrics_follow_the_grpc_ports_tls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the gRPC port's TLS, ``/metrics`` is HTTPS with its certificate; with its client CA
+    (mutual TLS) a scraper without a certificate of that CA is refused at the handshake (one log
+    line, no traceback). A client that connects and sends nothing holds up no other scrape."""
+    import socket
+    import ssl
+
+    from smg_servicer_core.testing.certs import mutual_tls
+    from smg_servicer_core.tls import TLS_SETTINGS, load_server_tls
+
+    caplog.set_level(logging.INFO, logger="smg_servicer_core.metrics")
+    pki = mutual_tls(tmp_path)
+    environ = {"SMG_SERVICER_SSL_CERTFILE": str(pki.server[0]),
+               "SMG_SERVICER_SSL_KEYFILE": str(pki.server[1])}  # fmt: skip
+    only_tls = load_server_tls(resolve(TLS_SETTINGS, None, environ))
+    mutual = load_server_tls(
+        resolve(TLS_SETTINGS, None, environ | {"SMG_SERVICER_SSL_CA_CERTS": str(pki.ca.cert)})
+    )
+    server = MetricsServer(ServicerMetrics(), "127.0.0.1", 0, tls=only_tls)
+    try:
+        assert "smg_servicer_generate_output_tokens_total" in scrape_https(server.port, pki.ca.cert)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            scrape(server.port)  # plain HTTP to a TLS port
+    finally:
+        server.close()
+    server = MetricsServer(ServicerMetrics(), "127.0.0.1", 0, tls=mutual)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)):  # connects, sends nothing
+            assert "smg_servicer_" in scrape_https(server.port, pki.ca.cert, pki.client)
+        for client in (None, pki.stranger):
+            with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                scrape_https(server.port, pki.ca.cert, client)
+        deadline = time.monotonic() + 10  # the refusals are logged by the handler threads
+        while len(_ended(caplog)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    ended = _ended(caplog)
+    assert len(ended) >= 2 and all(line.endswith("Error)") for line in ended), ended
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for a refused scrape"
+
+
+def _ended(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "metrics: a scrape from" in r.message]

@@ -151,15 +151,18 @@ def check_metrics_port(resolved: ResolvedSettings, grpc_port: int) -> None:
 
 
 def start_metrics(
-    resolved: ResolvedSettings, engine: EngineMetrics | None = None
+    resolved: ResolvedSettings,
+    engine: EngineMetrics | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[ServicerMetrics, MetricsServer] | None:
     """The metrics and their ``/metrics`` server when ``--metrics-port`` is set, else None
-    (and no port is opened). ``engine``: the engine's own metrics, served beside ours."""
+    (and no port is opened). ``engine``: the engine's own metrics, served beside ours; ``tls``:
+    the gRPC port's, which ``/metrics`` then has too (HTTPS, the same client CA)."""
     if "metrics_port" not in resolved or resolved["metrics_port"] is None:
         return None
     metrics = ServicerMetrics()
     host, port = resolved["metrics_host"], resolved["metrics_port"]
-    return metrics, MetricsServer(metrics, host, port, engine)
+    return metrics, MetricsServer(metrics, host, port, engine, tls)
 
 
 def server_options(resolved: ResolvedSettings, tls: ServerTls | None = None) -> ServerOptions:
@@ -213,7 +216,7 @@ async def serve_servicer(
     reports to it), the drain ending as soon as the servicer's registry is empty. A port that
     cannot be bound gives exit 2, any other failure exit 1, the engine shut down either way."""
     try:
-        metrics = start_metrics(resolved)
+        metrics = start_metrics(resolved, tls=options.tls)
         if metrics is not None:
             servicer.attach_metrics(metrics[0])
         return await serve(

@@ -45,12 +45,18 @@ refused it).
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
+import sys
+import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
@@ -60,6 +66,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from smg_servicer_core.tls import ServerTls
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +406,7 @@ class EngineMetrics:
     def collect(self) -> Iterator[Metric]:
         try:
             families = list(self.registry.collect())
-        except Exception as exc:  # noqa: BLE001 - one engine's scrape must not end ours
+        except Exception as exc:
             if not self._failed:
                 self._failed = True
                 logger.warning(
@@ -409,9 +418,14 @@ class EngineMetrics:
         yield from families
 
 
+#: A scrape connection that sends nothing (or stalls its TLS handshake) is dropped after this.
+SCRAPE_IDLE_S = 10.0
+
+
 class MetricsServer:
-    """``/metrics`` over HTTP for one :class:`ServicerMetrics`, the process collector, and the
-    engine's own metrics (:class:`EngineMetrics`) where the engine has them."""
+    """``/metrics`` for one :class:`ServicerMetrics`, the process collector, and the engine's own
+    metrics (:class:`EngineMetrics`) where the engine has them: plain HTTP, or HTTPS with the gRPC
+    port's certificate (and its client CA) when that port has TLS (``tls``)."""
 
     def __init__(
         self,
@@ -419,6 +433,7 @@ class MetricsServer:
         host: str,
         port: int,
         engine: EngineMetrics | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         from prometheus_client import start_http_server  # noqa: PLC0415 - only when enabled
 
@@ -431,15 +446,60 @@ class MetricsServer:
         if "process_cpu_seconds" not in engine_names:  # the engine's registry may hold its own
             ProcessCollector(registry=self.registry)
         try:
-            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+            if tls is not None and tls.https is not None:
+                self._server, self._thread = _https_server(self.registry, host, port, tls.https)
+            else:
+                self._server, self._thread = start_http_server(port, host, registry=self.registry)
         except OSError as exc:
             from smg_servicer_core.errors import ConfigError  # noqa: PLC0415
 
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from exc
         self.port: int = self._server.server_port
-        logger.info("metrics on http://%s:%d/metrics", host, self.port)
+        scheme = "http" if tls is None else "https"
+        logger.info("metrics on %s://%s:%d/metrics", scheme, host, self.port)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def _https_server(
+    registry: CollectorRegistry, host: str, port: int, context: ssl.SSLContext
+) -> tuple[WSGIServer, threading.Thread]:
+    """``/metrics`` over TLS: each connection's handshake runs in its own thread (a client that
+    stalls it holds only that thread, for :data:`SCRAPE_IDLE_S`), and a refused handshake is one
+    log line, not a traceback."""
+    from prometheus_client import (  # noqa: PLC0415 - only when enabled
+        make_wsgi_app,  # pyright: ignore[reportUnknownVariableType]
+    )
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+        def get_request(self) -> tuple[socket.socket, Any]:
+            conn, address = super().get_request()
+            conn.settimeout(SCRAPE_IDLE_S)
+            return context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False), (
+                address
+            )
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            logger.info(
+                "metrics: a scrape from %s ended (%s)",
+                client_address[0],
+                type(sys.exc_info()[1]).__name__,
+            )
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    app: Any = make_wsgi_app(registry)  # pyright: ignore[reportUnknownVariableType]
+    server = make_server(host, port, app, Server, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="smg-metrics", daemon=True)
+    thread.start()
+    return server, thread

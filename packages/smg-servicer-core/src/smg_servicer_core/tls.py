@@ -7,6 +7,10 @@
 | ``--ssl-ca-certs`` | ``SMG_SERVICER_SSL_CA_CERTS`` | PEM CA bundle: client certificates required |
 | ``--ssl-keyfile-password`` | ``SMG_SERVICER_SSL_KEYFILE_PASSWORD`` | an encrypted key's |
 
+The worker's ``/metrics`` port (``--metrics-port``) follows the gRPC port: HTTPS with the same
+certificate, and client certificates required when ``--ssl-ca-certs`` is given
+(``ServerTls.https``).
+
 The names are SGLang's and vLLM's own (``--ssl-*``); each launcher honours its engine's flags and
 falls back to the variables. Everything is read and checked at start (:func:`load_server_tls`): a
 missing or unreadable file, a key that does not match its certificate, an encrypted key without
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,8 @@ class ServerTls:
     client_ca: bytes | None
     certfile: str
     ca_certs: str | None
+    #: The same certificate (and client CA) for an HTTPS port beside the gRPC one (``/metrics``).
+    https: ssl.SSLContext | None = field(default=None, compare=False)
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -144,9 +150,11 @@ def load_server_tls(resolved: ResolvedSettings) -> ServerTls | None:
             f"--ssl-certfile {certfile} and --ssl-keyfile {keyfile} do not load as a PEM "
             "certificate and its private key"
         ) from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca_certs:
         try:
             context.load_verify_locations(cafile=ca_certs)
         except ssl.SSLError:
             raise ConfigError(f"--ssl-ca-certs {ca_certs} is not a PEM CA bundle") from None
-    return ServerTls(chain, key, client_ca, certfile, ca_certs)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return ServerTls(chain, key, client_ca, certfile, ca_certs, https=context)

@@ -140,7 +140,7 @@ async def _main(args: argparse.Namespace) -> int:
         adapter_path=mlx["adapter_path"] or None,
     )
     health = HealthFrame(SERVICE_NAME)
-    metrics = start_metrics(server)
+    metrics = start_metrics(server, tls=options.tls)  # /metrics has the gRPC port's TLS
     servicer = MlxServicer(engine, health, metrics=metrics[0] if metrics else None)
     engine.start()
     return await serve(

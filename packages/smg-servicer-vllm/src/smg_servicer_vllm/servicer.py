@@ -188,7 +188,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self._notices: set[asyncio.Task[None]] = set()
         self.metrics_server: MetricsServer | None = None
         engine_metrics = EngineMetrics(_engine.prometheus_registry(), "vLLM")
-        if metrics is None and (started := start_metrics(metrics_config, engine_metrics)):
+        tls = launch.tls if launch else None  # the gRPC port's, which /metrics then has too
+        if metrics is None and (started := start_metrics(metrics_config, engine_metrics, tls)):
             metrics, self.metrics_server = started
         super().__init__(health=health_for(async_llm), metrics=metrics)
         logs.route_through_vllm()

@@ -74,7 +74,7 @@ async def _main(args: argparse.Namespace) -> int:
         coalesce=coalescing(),
     )
     health = HealthFrame(SERVICE_NAME)
-    metrics = start_metrics(resolved)
+    metrics = start_metrics(resolved, tls=options.tls)
     servicer = FakeEngineServicer(
         engine,
         health,

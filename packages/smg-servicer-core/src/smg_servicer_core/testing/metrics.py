@@ -12,9 +12,11 @@ match those counts exactly.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -45,6 +47,17 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def total(samples: Samples, name: str) -> float:
     """The sum of every sample called ``name``, whatever its labels (0 when absent)."""
     return sum(v for (sample, _), v in samples.items() if sample == name)
+
+
+def scrape_https(port: int, ca: Path, client: tuple[Path, Path] | None = None) -> str:
+    """``https://127.0.0.1:port/metrics`` as text, the server verified against ``ca``, with the
+    client certificate ``client`` (cert, key) when given."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    url = f"https://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, context=context, timeout=10) as response:
+        return response.read().decode()
 
 
 def family_names(port: int, host: str = "127.0.0.1") -> set[str]:
