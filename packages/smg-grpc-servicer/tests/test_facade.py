@@ -118,8 +118,7 @@ def test_python_m_mlx_without_model_is_a_config_error() -> None:
 def test_conversions_are_pure_and_import_no_engine() -> None:
     """Every package's proto <-> engine conversion imports without its engine (SGLang is not
     in this environment at all; vLLM and MLX are, and must stay unimported)."""
-    code = (
-        "import sys\n"
+    imports = (
         "import smg_servicer_sglang.convert, smg_servicer_vllm.convert\n"
         "import smg_servicer_vllm.sampling, smg_servicer_vllm.mm, smg_servicer_vllm.plugin\n"
         "import smg_servicer_vllm.multimodal, smg_servicer_vllm.mm_redis\n"
@@ -127,14 +126,24 @@ def test_conversions_are_pure_and_import_no_engine() -> None:
         "import smg_servicer_mlx.params, smg_servicer_core.validate, smg_servicer_core.facts\n"
         "import smg_servicer_tokenspeed.convert, smg_servicer_tokenspeed.info\n"
         "import smg_servicer_tokenspeed.loads, smg_servicer_tokenspeed.settings\n"
-        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'vllm', 'mlx', "
-        "'mlx_lm', 'torch', 'zmq', 'tokenspeed'})\n"
-        "print(','.join(loaded))\n"
+    )
+    engines = {"sglang", "vllm", "mlx", "mlx_lm", "torch", "zmq", "tokenspeed"}
+    assert _loaded_after(imports, engines) == ""
+
+
+def _loaded_after(imports: str, engines: set[str]) -> str:
+    """Which of ``engines`` (top-level modules) a fresh interpreter holds after ``imports`` (this
+    one may hold them already), comma-separated."""
+    report = (
+        "import sys\n"
+        "loaded = {m.split('.')[0] for m in sys.modules}\n"
+        f"print(','.join(sorted(loaded & set({sorted(engines)!r}))))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert result.stdout.strip() == ""
+        [sys.executable, "-c", imports + report],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return result.stdout.strip()
 
 
 @pytest.mark.unit
@@ -153,18 +162,9 @@ def test_the_sidecar_path_names_its_package() -> None:
     from smg_grpc_servicer._delegate import install_hint
 
     assert install_hint("mm_sidecar") == "pip install 'smg-servicer-vllm[vllm,redis]'"
-    # In a fresh interpreter (this one may hold vLLM already): the path imports, its entry is
-    # callable, and importing it loaded no engine.
-    code = (
-        "import sys, importlib\n"
-        "facade = importlib.import_module('smg_grpc_servicer.vllm.mm_sidecar')\n"
-        "assert callable(facade.main)\n"
-        "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'})))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert result.stdout.strip() == ""
+    # The path imports, its entry is callable, and importing it loaded no engine.
+    imports = "from smg_grpc_servicer.vllm import mm_sidecar\nassert callable(mm_sidecar.main)\n"
+    assert _loaded_after(imports, {"vllm", "torch"}) == ""
 
 
 @pytest.mark.engine
