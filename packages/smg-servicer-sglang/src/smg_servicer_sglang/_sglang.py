@@ -55,7 +55,7 @@ from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-from sglang.srt.runtime_context import get_parallel, publish
+from sglang.srt.runtime_context import get_parallel, get_spec, publish
 from sglang.srt.sampling import sampling_params as _sampling
 from sglang.srt.server_args import PortArgs
 from sglang.srt.server_args import prepare_server_args as _prepare_server_args
@@ -326,6 +326,14 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
     reader = create_load_snapshot_reader(port_args, caller="TokenizerManager")
     pids = sorted({int(pid) for pid in result.all_child_pids} | {p.pid for p in processes if p.pid})
     return Launched(port_args, info, processes, dp_size(), reader, pids)
+
+
+def drafts_per_verify() -> int:
+    """Draft tokens one speculative verify step proposes, as SGLang's tokenizer manager counts
+    them (the configured draft tokens less the bonus one; after :func:`prepare`); 0 without
+    speculation."""
+    drafts = getattr(get_spec(), "speculative_num_draft_tokens", None)
+    return max(int(drafts or 1) - 1, 0)
 
 
 def dp_size() -> int:

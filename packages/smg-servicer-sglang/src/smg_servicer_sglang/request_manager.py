@@ -72,7 +72,10 @@ def _rows(vals: Any, idxs: Any) -> list[tuple[list[float], list[int]]]:
     ]
 
 
-def _token_output(batch: Any, i: int) -> Output:
+def _token_output(batch: Any, i: int, drafts_per_verify: int = 0) -> Output:
+    """Request ``i`` of a ``BatchTokenIDOutput``. Speculative decoding as SGLang's tokenizer
+    manager reports it: accepted = its correct drafts, proposed = verify steps x
+    ``drafts_per_verify`` (:func:`._sglang.drafts_per_verify`)."""
     out = Output(
         token_ids=_ints(_at(batch.output_ids, i) or _at(batch.decode_ids, i)),
         finish=_at(batch.finished_reasons, i),
@@ -99,7 +102,8 @@ def _token_output(batch: Any, i: int) -> Output:
             _at(batch.input_top_logprobs_val, i), _at(batch.input_top_logprobs_idx, i)
         )
     out.spec_accepted = int(_at(getattr(batch, "spec_num_correct_drafts", None), i) or 0)
-    out.spec_drafts = int(_at(getattr(batch, "spec_verify_ct", None), i) or 0)
+    verify_steps = int(_at(getattr(batch, "spec_verify_ct", None), i) or 0)
+    out.spec_drafts = verify_steps * drafts_per_verify
     return out
 
 
@@ -138,8 +142,11 @@ class RequestManager:
         dp_size: int = 1,
         stall_after_s: float = STALL_AFTER_S,
         coalesce: bool | None = None,
+        drafts_per_verify: int = 0,
     ) -> None:
         self.port_args = port_args
+        #: Draft tokens a speculative verify step proposes (``spec_draft_tokens``' factor).
+        self.drafts_per_verify = drafts_per_verify
         #: ``take`` hands over every output waiting (core ``stream``; None: the setting).
         self.coalesce = coalescing() if coalesce is None else coalesce
         self.dp_size = max(dp_size, 1)
@@ -352,7 +359,7 @@ class RequestManager:
     def _dispatch(self, obj: Any) -> None:
         if isinstance(obj, sg.BatchTokenIDOutput):
             for i, rid in enumerate(obj.rids or []):
-                self._deliver(rid, lambda i=i: _token_output(obj, i))
+                self._deliver(rid, lambda i=i: _token_output(obj, i, self.drafts_per_verify))
         elif isinstance(obj, sg.BatchEmbeddingOutput):
             for i, rid in enumerate(obj.rids or []):
                 self._deliver(rid, lambda i=i: _embedding_output(obj, i))

@@ -210,7 +210,7 @@ async def _start(
     # After prepare(): SGLang's launch-time SIGQUIT handler kills the whole process tree; ours
     # turns a scheduler's failure into a clean stop with exit 1.
     asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_signal)
-    manager = RequestManager(port_args, sg.dp_size())
+    manager = RequestManager(port_args, sg.dp_size(), drafts_per_verify=sg.drafts_per_verify())
     try:
         launched = await asyncio.to_thread(sg.launch_schedulers, server_args, port_args)
     except sg.SchedulerStartError as exc:
