@@ -74,6 +74,21 @@ def finish_fields(completion: Any) -> dict[str, Any]:
     return fields
 
 
+def spec_fields(completion: Any) -> dict[str, int]:
+    """Speculative decoding counts of a finished completion, from vLLM's per-request metrics
+    (``CompletionOutput.spec_decode_metrics``, with ``--per-request-spec-decode-metrics``):
+    accepted = sum of j x histogram[j] (draft tokens accepted per verify step), drafts = the
+    draft tokens proposed. Absent (a release without them, no speculation): no field."""
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    if metrics is None:
+        return {}
+    histogram = list(getattr(metrics, "histogram", None) or [])
+    return {
+        "spec_accepted_tokens": sum(j * int(n) for j, n in enumerate(histogram)),
+        "spec_draft_tokens": int(getattr(metrics, "num_draft_tokens", 0) or 0),
+    }
+
+
 def kv_params_fields(params: Any) -> dict[str, Any]:
     """The response's KV-transfer params as JSON (and the legacy typed mirror when it fits)."""
     if not params:

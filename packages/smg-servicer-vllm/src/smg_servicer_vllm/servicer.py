@@ -427,6 +427,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                     completion_tokens=choice.count,
                     **common,
                     **convert.finish_fields(completion),
+                    **convert.spec_fields(completion),
                     **convert.kv_params_fields(getattr(output, "kv_transfer_params", None)),
                     media_identity=identity,
                 )
