@@ -219,8 +219,8 @@ def _counted(port: int, workload: dict[str, int], before: Samples) -> dict[str, 
 
 
 @contextmanager
-def _vllm_http_server(model: Path) -> Iterator[str]:
-    """vLLM's own OpenAI HTTP server on the same model and flags, stats on: its base URL."""
+def _vllm_http_server(model: Path) -> Iterator[int]:
+    """vLLM's own OpenAI HTTP server on the same model and flags, stats on: its port."""
     from smg_servicer_vllm.testing import cpu_flags  # the vLLM environments' (this runs in two)
 
     port = free_port()
@@ -228,7 +228,7 @@ def _vllm_http_server(model: Path) -> Iterator[str]:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *flags,
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with Worker(cmd, port, start_timeout_s=240):
-        yield f"http://127.0.0.1:{port}"
+        yield port
 
 
 def test_vllms_own_metrics_count_a_workload_through_the_router(vllm_router) -> None:
@@ -252,10 +252,9 @@ def test_vllms_metric_families_are_the_ones_its_http_server_exports(
     worker, router = vllm_router
     _workload(router.base, _model(router))
     served = {name for name in family_names(worker.metrics_port) if name.startswith("vllm:")}
-    with _vllm_http_server(tiny_model) as base:
-        port = int(base.rsplit(":", 1)[1])
+    with _vllm_http_server(tiny_model) as port:
         before = scrape(port)
-        workload = _workload(base, str(tiny_model))
+        workload = _workload(f"http://127.0.0.1:{port}", str(tiny_model))
         theirs = _counted(port, workload, before)
         assert theirs == {name: workload[what] for name, what in VLLM_COUNTERS}
         vllms = {name for name in family_names(port) if name.startswith("vllm:")}

@@ -26,7 +26,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smg_it.faults import ENGINE_SHUTDOWN, hang_env
-from smg_it.harness import WORKERS, Router, Worker, free_port
+from smg_it.harness import WORKERS, Router, Worker, free_port, metered_worker
 from smg_it.tls_proxy import TlsOriginator
 from smg_servicer_core.testing.certs import MutualTls, mutual_tls
 from smg_servicer_core.testing.metrics import scrape, scrape_https
@@ -81,12 +81,7 @@ def locked(
     request: pytest.FixtureRequest, pki: MutualTls, tiny_model: Path
 ) -> Iterator[tuple[str, Worker]]:
     engine: str = request.param
-    metrics_port = free_port()
-    metrics = () if engine == "sglang" else ("--metrics-port", str(metrics_port))
-    worker = WORKERS[engine](tiny_model, free_port(), *pki.server_flags(), *metrics)
-    worker.metrics_port = metrics_port
-    if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
-        worker.env["SMG_SGLANG_SERVICER_METRICS_PORT"] = str(metrics_port)
+    worker = metered_worker(engine, tiny_model, free_port(), free_port(), *pki.server_flags())
     worker.env.update(hang_env(ENGINE_SHUTDOWN[engine]))
     worker.env.update(
         {

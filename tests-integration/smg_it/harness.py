@@ -181,20 +181,26 @@ WORKERS: dict[str, Callable[..., Worker]] = {
 
 
 def metered_worker(
-    engine: str, model: Path, port: int, metrics_port: int, *, engine_stats: bool = False
+    engine: str,
+    model: Path,
+    port: int,
+    metrics_port: int,
+    *extra: str,
+    engine_stats: bool = False,
 ) -> Worker:
-    """A worker of ``engine`` with ``/metrics`` on ``metrics_port`` (:attr:`Worker.metrics_port`):
-    the servicer's metrics, and the engine's own where it has them (vLLM's only with
-    ``engine_stats``: the test workers run with ``--disable-log-stats`` otherwise)."""
+    """A worker of ``engine`` (``extra``: more of its flags) with ``/metrics`` on
+    ``metrics_port`` (:attr:`Worker.metrics_port`): the servicer's metrics, and the engine's own
+    where it has them (vLLM's only with ``engine_stats``: the test workers run with
+    ``--disable-log-stats`` otherwise)."""
     if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
         worker = sglang_worker(
-            model, port, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
+            model, port, *extra, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
         )
     elif engine == "vllm":
         metrics = ("--metrics-port", str(metrics_port))
-        worker = vllm_worker(model, port, *metrics, log_stats=engine_stats)
+        worker = vllm_worker(model, port, *extra, *metrics, log_stats=engine_stats)
     else:
-        worker = WORKERS[engine](model, port, "--metrics-port", str(metrics_port))
+        worker = WORKERS[engine](model, port, *extra, "--metrics-port", str(metrics_port))
     worker.metrics_port = metrics_port
     return worker
 

@@ -28,12 +28,15 @@ from smg_servicer_core.testing.requests import WIRES, Wire, generate_request, ne
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+def _families(port: int, host: str) -> list[Any]:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
 def scrape(port: int, host: str = "127.0.0.1") -> Samples:
     """Every sample of ``http://host:port/metrics``, keyed by (name, labels)."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in _families(port, host):
         for sample in family.samples:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return samples
@@ -62,8 +65,7 @@ def scrape_https(port: int, ca: Path, client: tuple[Path, Path] | None = None) -
 
 def family_names(port: int, host: str = "127.0.0.1") -> set[str]:
     """The metric families ``http://host:port/metrics`` exports (counters without ``_total``)."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        return {family.name for family in text_string_to_metric_families(response.read().decode())}
+    return {family.name for family in _families(port, host)}
 
 
 @dataclass
