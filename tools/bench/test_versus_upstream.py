@@ -50,7 +50,9 @@ def test_versus_upstream_measures_both_arms_alternated() -> None:
     (summary,) = [line for line in lines if "summary" in line]
     assert summary["summary"] == "paced-1" and summary["rounds"] == 2
     # Paced, so about one token a message on either arm; a stall merges tokens (timing: the
-    # benchmark's figure, not this test's): the ratio is reported and well formed.
+    # benchmark's figure, not this test's). Only well-formedness is checked: a ratio of two
+    # positive per-message counts is > 0 in any run that measured both arms (healthy runs give
+    # about 1.0, and no stall can push it to 0); it is 0 or absent only when an arm was not read.
     assert summary["tokens_per_message"]["ratio_median"] > 0
     assert summary["server_cpu_ms_per_1k_tokens"]["ratio_median"] > 0
 
