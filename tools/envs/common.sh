@@ -2,7 +2,9 @@
 #
 #   env_stale NAME VENV INPUT...   exit 0 from the caller when VENV's stamp matches the inputs
 #                                  (this file included); else recreate VENV and export
-#                                  VIRTUAL_ENV (the stamp is written by env_done)
+#                                  VIRTUAL_ENV (the stamp is written by env_done); a
+#                                  script built for several releases names the release in
+#                                  ENV_RELEASE, which the stamp includes
 #   env_editables ROOT MEMBER...   the workspace packages, editable, without dependencies
 #   env_purelib VENV               VENV's site-packages directory
 #   env_done                       record the stamp: the environment is complete
@@ -12,7 +14,8 @@ env_stale() {
     local name="$1" venv="$2"
     shift 2
     ENV_STAMP="$venv/.smg-env-stamp"
-    ENV_WANT="$(cat "$@" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
+    ENV_WANT="$({ cat "$@" "${BASH_SOURCE[0]}"; [[ -z "${ENV_RELEASE:-}" ]] || echo "$ENV_RELEASE"; } |
+        sha256sum | cut -d' ' -f1)"
     if [[ -f "$ENV_STAMP" && "$(cat "$ENV_STAMP")" == "$ENV_WANT" ]]; then
         echo "$name env up to date: $venv"
         exit 0
