@@ -82,6 +82,7 @@ def run(compat: CompatEnv) -> int:
         return built.returncode
     command, paths = gate_command(compat.like, compat.env)
     run_id = f"compat-{compat.env}-{os.getpid()}-{time.time_ns()}"
+    tested_revision = revision()  # the checkout as the run starts
     started = time.monotonic()
     words = command[1:] if command[0] == "env" else command
     env = dict(os.environ, **{RUN_ID: run_id})
@@ -114,7 +115,7 @@ def run(compat: CompatEnv) -> int:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "seconds": seconds,
         "machine": machine(),
-        "revision": revision(),
+        "revision": tested_revision,
     }
     COMMITTED.mkdir(parents=True, exist_ok=True)
     (COMMITTED / f"{compat.env}.json").write_text(json.dumps(record, indent=1) + "\n")
