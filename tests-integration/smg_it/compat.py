@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from smg_it.paths import CACHE, REPO
 
@@ -105,7 +106,7 @@ def compat_envs(path: Path = ENV_LIST) -> list[CompatEnv]:
     return found
 
 
-def committed_record(env: str) -> dict[str, object]:
+def committed_record(env: str) -> dict[str, Any]:
     """A ``compat`` environment's committed run record ({} when there is none)."""
     path = COMMITTED / f"{env}.json"
     return json.loads(path.read_text()) if path.is_file() else {}

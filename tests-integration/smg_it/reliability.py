@@ -22,7 +22,7 @@ import psutil
 
 from smg_it.figures import record
 from smg_it.harness import Worker, free_port, metered_worker
-from smg_servicer_core.testing.metrics import scrape, value
+from smg_servicer_core.testing.metrics import scrape, total, value
 from smg_servicer_core.testing.process import wait_serving
 from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES, Wire, generate_request
 
@@ -124,7 +124,7 @@ class Target:
         """(requests the servicer tracks, requests the engine holds) from ``/metrics``."""
         samples = scrape(self.metrics_port)
         servicer = value(samples, "smg_servicer_generate_streams_in_flight")
-        engine = value(samples, "smg_servicer_engine_running_requests") + value(
+        engine = total(samples, "smg_servicer_engine_running_requests") + total(
             samples, "smg_servicer_engine_waiting_requests"
         )
         return servicer, engine

@@ -36,6 +36,7 @@ from smg_servicer_core.testing.fake_servicer import SERVICE_NAME
 from smg_servicer_core.testing.health import NOT_SERVING, SERVING, Watcher
 from smg_servicer_core.testing.metrics import (
     assert_workload_counted,
+    engine_gauge,
     metrics_workload,
     scrape,
     scrape_https,
@@ -166,7 +167,7 @@ async def test_counters_match_a_known_workload_exactly() -> None:
     assert work.codes == {"OK": 3, "INVALID_ARGUMENT": 1, "ABORTED": 1}
     assert work.tokens >= 12  # 3 x 4, plus what the aborted stream sent
     assert_workload_counted(samples, work)
-    assert value(samples, "smg_servicer_engine_running_requests") == 0
+    assert engine_gauge(samples, "running_requests") == 0
     assert value(samples, "smg_servicer_generate_inter_chunk_seconds_count") == work.messages - 4
 
 

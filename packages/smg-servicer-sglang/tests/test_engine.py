@@ -364,9 +364,9 @@ async def test_the_shared_bad_requests_get_the_shared_messages(stub: Any) -> Non
 async def test_metrics_count_a_known_workload_exactly(stub: Any, sglang_server: Server) -> None:
     from smg_servicer_core.testing.metrics import (
         assert_workload_counted,
+        engine_gauge,
         metrics_workload,
         scrape,
-        value,
     )
 
     assert sglang_server.metrics_port is not None
@@ -377,8 +377,8 @@ async def test_metrics_count_a_known_workload_exactly(stub: Any, sglang_server: 
     samples = await asyncio.to_thread(scrape, sglang_server.metrics_port)
     assert work.codes == {"OK": 4, "INVALID_ARGUMENT": 1}  # an aborted SGLang stream completes
     assert_workload_counted(samples, work, before)
-    assert value(samples, "smg_servicer_engine_running_requests") == 0
-    assert value(samples, "smg_servicer_engine_kv_cache_usage_ratio") >= 0
+    assert engine_gauge(samples, "running_requests") == 0  # one rank: dp_rank 0
+    assert engine_gauge(samples, "kv_cache_usage_ratio") >= 0
 
 
 async def test_a_schema_the_grammar_compiler_refuses_is_named_without_native_noise(

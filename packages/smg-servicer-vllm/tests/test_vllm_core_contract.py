@@ -22,6 +22,7 @@ from smg_servicer_core.testing.health import (
 )
 from smg_servicer_core.testing.metrics import (
     assert_workload_counted,
+    engine_gauge,
     metrics_workload,
     scrape,
 )
@@ -108,5 +109,4 @@ async def test_metrics_count_a_known_workload_exactly(vllm_stack) -> None:
     samples = await asyncio.to_thread(scrape, port)
     assert work.codes == {"OK": 4, "INVALID_ARGUMENT": 1}  # an aborted vLLM stream completes
     assert_workload_counted(samples, work, before)
-    running = ("smg_servicer_engine_running_requests", frozenset())
-    assert samples[running] == 0
+    assert engine_gauge(samples, "running_requests", dp_rank="0") == 0

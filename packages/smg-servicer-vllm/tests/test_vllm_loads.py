@@ -203,7 +203,7 @@ async def test_an_aborted_last_request_leaves_its_rank_idle_not_running(serve_ll
         gauges = servicer.engine_loads()()
     assert running == stale.num_running_reqs == 1  # what the rank's last stats still say
     assert idle == {0: (0, 0, 0, 0.0), 1: (0, 0, 0, 0.0)}
-    assert gauges is not None and (gauges.running, gauges.waiting) == (0, 0)
+    assert [(g.dp_rank, g.running, g.waiting) for g in gauges] == [(0, 0, 0), (1, 0, 0)]
 
 
 @pytest.mark.unit
@@ -356,13 +356,15 @@ def test_metrics_show_the_frontends_count_only_without_stat_logging() -> None:
     without stats shows nothing there either."""
     blind = FakeAsyncLLM(log_stats=False)
     blind.output_processor.running.update({"a", "b"})
-    load = info.engine_load(blind, info.loads(blind, IDLE, None, "v"))
-    assert load is not None and (load.running, load.waiting) == (2, 0)
+    (load,) = info.engine_load(blind, info.loads(blind, IDLE, None, "v"))
+    assert (load.running, load.waiting, load.dp_rank) == (2, 0, None)  # for no rank in particular
     quiet = FakeAsyncLLM()
     quiet.logger_manager = FakeStatLoggerManager([0], default_loggers=False)
-    assert info.engine_load(quiet, info.loads(quiet, IDLE, None, "v")) is None
-    both = info.engine_load(two_ranks(), info.loads(two_ranks(), IDLE, None, "v"))
-    assert both is not None and (both.running, both.waiting, both.kv_cache_usage) == (4, 3, 0.5)
+    assert info.engine_load(quiet, info.loads(quiet, IDLE, None, "v")) == []
+    ranks = info.engine_load(two_ranks(), info.loads(two_ranks(), IDLE, None, "v"))
+    shown = [(r.dp_rank, r.running, r.waiting, r.kv_cache_usage) for r in ranks]
+    assert len(shown) == 2 and sum(s[1] for s in shown) == 4 and sum(s[2] for s in shown) == 3
+    assert [s[0] for s in shown] == [0, 1] and max(s[3] for s in shown) == 0.5
 
 
 # The fake is vLLM's shape ------------------------------------------------------------------------

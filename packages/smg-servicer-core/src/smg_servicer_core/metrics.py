@@ -20,9 +20,10 @@ Names (all ``smg_servicer_*``, base units, bounded labels; never a request id):
 | ``smg_servicer_generate_aborts_total`` | counter | ``cause``: abort_rpc, client_cancel, error, |
 | | | shutdown |
 | ``smg_servicer_requests_refused_total`` | counter | ``reason``: the status code, lower case |
-| ``smg_servicer_engine_running_requests`` | gauge | (as ``GetLoads`` reports) |
-| ``smg_servicer_engine_waiting_requests`` | gauge | |
-| ``smg_servicer_engine_kv_cache_usage_ratio`` | gauge | |
+| ``smg_servicer_engine_running_requests`` | gauge | ``dp_rank`` (as ``GetLoads`` reports each |
+| | | rank; "" when the engine reports no rank) |
+| ``smg_servicer_engine_waiting_requests`` | gauge | ``dp_rank`` |
+| ``smg_servicer_engine_kv_cache_usage_ratio`` | gauge | ``dp_rank`` |
 | ``smg_servicer_kv_subscriptions`` | gauge | open ``SubscribeKvEvents`` streams |
 | ``smg_servicer_kv_subscriptions_total`` | counter | |
 | ``smg_servicer_kv_batches_total`` | counter | batches relayed |
@@ -51,7 +52,7 @@ import sys
 import threading
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from time import perf_counter
@@ -96,14 +97,34 @@ _REFUSAL_CODES = frozenset(
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """What the engine gauges show, as the servicer's ``GetLoads`` reports it."""
+    """What the engine gauges show for one data-parallel rank, as the servicer's ``GetLoads``
+    reports it (``dp_rank`` None: a figure the engine gives for no rank in particular)."""
 
     running: float
     waiting: float
     kv_cache_usage: float
+    dp_rank: int | None = 0
 
 
-LoadsSource = Callable[[], EngineLoad | None]
+#: The engine's load per rank, read when ``/metrics`` is scraped (empty: the engine reports none).
+LoadsSource = Callable[[], Sequence[EngineLoad]]
+
+
+def rank_loads(rows: Iterable[Any]) -> list[EngineLoad]:
+    """The gauges' loads from ``GetLoads``' per-rank rows (``SchedulerLoad``: ``dp_rank``,
+    ``num_running_reqs``, ``num_waiting_reqs``, ``token_usage``), in rank order."""
+    return sorted(
+        (
+            EngineLoad(
+                running=r.num_running_reqs,
+                waiting=r.num_waiting_reqs,
+                kv_cache_usage=r.token_usage,
+                dp_rank=int(r.dp_rank),
+            )
+            for r in rows
+        ),
+        key=lambda load: load.dp_rank or 0,
+    )
 
 
 class Histogram:
@@ -336,18 +357,24 @@ class ServicerMetrics(Collector):
         if self.loads_source is None:
             return
         try:
-            load = self.loads_source()
+            ranks = list(self.loads_source())
         except Exception:
             logger.warning("engine loads for /metrics failed", exc_info=True)
             return
-        if load is None:
+        if not ranks:
             return
-        for name, doc, value in (
-            ("running_requests", "Requests the engine is running", load.running),
-            ("waiting_requests", "Requests queued in the engine", load.waiting),
-            ("kv_cache_usage_ratio", "Fraction of the KV cache in use", load.kv_cache_usage),
+        for name, doc, field in (
+            ("running_requests", "Requests the engine is running", "running"),
+            ("waiting_requests", "Requests queued in the engine", "waiting"),
+            ("kv_cache_usage_ratio", "Fraction of the KV cache in use", "kv_cache_usage"),
         ):
-            yield GaugeMetricFamily(f"smg_servicer_engine_{name}", doc, value=value)
+            family = GaugeMetricFamily(
+                f"smg_servicer_engine_{name}", f"{doc}, per data-parallel rank", labels=["dp_rank"]
+            )
+            for load in ranks:
+                rank = "" if load.dp_rank is None else str(load.dp_rank)
+                family.add_metric([rank], getattr(load, field))
+            yield family
 
     def _kv_families(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(

@@ -67,9 +67,9 @@ class MlxServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
         await self.engine.abort(request_id)
 
     def engine_loads(self) -> LoadsSource | None:
-        def read() -> EngineLoad:
+        def read() -> list[EngineLoad]:
             running, waiting = self.engine.load()
-            return EngineLoad(running=running, waiting=waiting, kv_cache_usage=0.0)
+            return [EngineLoad(running=running, waiting=waiting, kv_cache_usage=0.0)]
 
         return read
 

@@ -34,7 +34,7 @@ from smg_servicer_core.errors import (
 )
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics, rank_loads
 from smg_servicer_core.proto import common_pb2, sglang_scheduler_pb2_grpc
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
@@ -120,15 +120,10 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         await self.manager.abort(request_id)
 
     def engine_loads(self) -> LoadsSource | None:
-        def read() -> EngineLoad | None:
+        def read() -> list[EngineLoad]:
             include = loads.sections([])
-            rows = [loads.scheduler_load(s, include) for s in loads.read(self.load_reader)]
-            if not rows:
-                return None
-            return EngineLoad(
-                running=sum(r.num_running_reqs for r in rows),
-                waiting=sum(r.num_waiting_reqs for r in rows),
-                kv_cache_usage=max(r.token_usage for r in rows),
+            return rank_loads(
+                loads.scheduler_load(s, include) for s in loads.read(self.load_reader)
             )
 
         return read

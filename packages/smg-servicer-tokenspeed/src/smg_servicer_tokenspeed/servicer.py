@@ -52,7 +52,7 @@ from smg_servicer_core.errors import (
 )
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
+from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics, rank_loads
 from smg_servicer_core.proto import (
     common_pb2,
     tokenspeed_encoder_pb2,
@@ -201,15 +201,8 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         return int(self.scheduler_info.get("max_total_num_tokens") or 0)
 
     def engine_loads(self) -> LoadsSource | None:
-        def read() -> EngineLoad | None:
-            rows = self._load_rows(None)
-            if not rows:
-                return None
-            return EngineLoad(
-                running=sum(r.num_running_reqs for r in rows),
-                waiting=sum(r.num_waiting_reqs for r in rows),
-                kv_cache_usage=max(r.token_usage for r in rows),
-            )
+        def read() -> list[EngineLoad]:
+            return rank_loads(self._load_rows(None))
 
         return read
 

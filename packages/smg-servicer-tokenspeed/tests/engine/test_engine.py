@@ -527,9 +527,9 @@ async def test_kv_events_flow_from_tokenspeeds_publisher(stub: Any) -> None:
 async def test_metrics_count_a_known_workload_exactly(stub: Any, ts_server: WorkerProcess) -> None:
     from smg_servicer_core.testing.metrics import (
         assert_workload_counted,
+        engine_gauge,
         metrics_workload,
         scrape,
-        value,
     )
 
     assert ts_server.metrics_port is not None
@@ -540,4 +540,4 @@ async def test_metrics_count_a_known_workload_exactly(stub: Any, ts_server: Work
     samples = await asyncio.to_thread(scrape, ts_server.metrics_port)
     assert work.codes == {"OK": 4, "INVALID_ARGUMENT": 1}
     assert_workload_counted(samples, work, before)
-    assert value(samples, "smg_servicer_engine_running_requests") == 0
+    assert engine_gauge(samples, "running_requests") == 0  # one rank: dp_rank 0

@@ -17,7 +17,7 @@ from smg_servicer_core.config import Setting, setting_value
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.loads import LoadSnapshot
-from smg_servicer_core.metrics import EngineLoad
+from smg_servicer_core.metrics import EngineLoad, rank_loads
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_vllm import kv_transfer, releases
 
@@ -267,22 +267,18 @@ def _unfinished(engine: Any) -> int | None:
     return int(value)
 
 
-def engine_load(engine: Any, response: pb.GetLoadsResponse) -> EngineLoad | None:
-    """The engine gauges of ``/metrics``: running and waiting summed over the ranks ``GetLoads``
-    reports, KV usage the highest rank's. Without a stat logger manager (``--disable-log-stats``,
-    as the launcher command of our tests runs) ``GetLoads`` reports no rank; the gauges then show
-    what the frontend knows, its unfinished requests as running (waiting and usage unknown: 0),
-    so that ``/metrics`` still tells whether the engine holds requests (the reliability suite's
-    leak check reads it). The router never sees these: they are not a ``GetLoads`` entry."""
+def engine_load(engine: Any, response: pb.GetLoadsResponse) -> list[EngineLoad]:
+    """The engine gauges of ``/metrics``: each rank ``GetLoads`` reports. Without a stat logger
+    manager (``--disable-log-stats``, as the launcher command of our tests runs) ``GetLoads``
+    reports no rank; the gauges then show what the frontend knows, for no rank in particular
+    (``dp_rank`` ""): its unfinished requests as running (waiting and usage unknown: 0), so that
+    ``/metrics`` still tells whether the engine holds requests (the reliability suite's leak
+    check reads it). The router never sees these: they are not a ``GetLoads`` entry."""
     if response.loads:
-        return EngineLoad(
-            running=sum(r.num_running_reqs for r in response.loads),
-            waiting=sum(r.num_waiting_reqs for r in response.loads),
-            kv_cache_usage=max(r.token_usage for r in response.loads),
-        )
+        return rank_loads(response.loads)
     if _get(engine, "logger_manager") is not None:
-        return None
+        return []
     unfinished = _unfinished(engine)
     if unfinished is None:
-        return None
-    return EngineLoad(running=unfinished, waiting=0, kv_cache_usage=0.0)
+        return []
+    return [EngineLoad(running=unfinished, waiting=0, kv_cache_usage=0.0, dp_rank=None)]

@@ -222,7 +222,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         await self.engine.abort(request_id)
 
     def engine_loads(self) -> LoadsSource | None:
-        def read() -> EngineLoad | None:
+        def read() -> list[EngineLoad]:
             snapshot = self.loads.snapshot()
             response = info.loads(self.engine, snapshot, None, _engine.VLLM_VERSION)
             return info.engine_load(self.engine, response)

@@ -59,8 +59,8 @@ class FakeEngineServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
         await self.engine.abort(request_id)
 
     def engine_loads(self) -> LoadsSource | None:
-        def read() -> EngineLoad:
-            return EngineLoad(running=len(self.registry), waiting=0, kv_cache_usage=0.0)
+        def read() -> list[EngineLoad]:
+            return [EngineLoad(running=len(self.registry), waiting=0, kv_cache_usage=0.0)]
 
         return read
 

@@ -47,6 +47,16 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def engine_gauge(samples: Samples, name: str, dp_rank: str = "0") -> float:
+    """An engine gauge's value for one data-parallel rank (``smg_servicer_engine_*``); fails
+    when the worker does not export it for that rank."""
+    key = (f"smg_servicer_engine_{name}", frozenset({("dp_rank", dp_rank)}))
+    assert key in samples, (
+        f"no {key[0]}{{dp_rank={dp_rank!r}}} among {sorted({n for n, _ in samples})}"
+    )
+    return samples[key]
+
+
 def total(samples: Samples, name: str) -> float:
     """The sum of every sample called ``name``, whatever its labels (0 when absent)."""
     return sum(v for (sample, _), v in samples.items() if sample == name)
