@@ -19,6 +19,7 @@ import grpc
 import httpx
 import pytest
 
+from smg_it import dashboard
 from smg_it.harness import Worker, free_port
 from smg_servicer_core.testing.metrics import Samples, family_names, scrape, total
 from smg_servicer_core.testing.requests import STUBS, WIRES
@@ -130,6 +131,25 @@ def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
     while asyncio.run(_active_requests(engine, worker)) != 0:
         assert time.monotonic() < deadline, "the worker kept generating after the disconnect"
         time.sleep(0.1)
+
+
+def test_every_metric_the_dashboard_queries_is_exported_by_a_live_worker(deployment) -> None:
+    """``dashboards/smg-servicer.json`` queries only what a worker of each engine it names
+    exports, after a request through the router (the engine's load gauges need the engine to
+    have reported)."""
+    engine, worker, router = deployment
+    wanted = dashboard.queried_metrics()[engine]
+    assert "smg_servicer_rpc_requests_total" in wanted and len(wanted) >= 15, wanted
+    body = {"model": _model(router), "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    assert httpx.post(router.base + "/v1/completions", json=body, timeout=60).status_code == 200
+    deadline = time.monotonic() + 30
+    while True:  # the engine's loads arrive with its next report, not with the reply
+        families = family_names(worker.metrics_port)
+        missing = sorted(m for m in wanted if not dashboard.exported(m, families))
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not missing, f"{engine}'s worker exports none of {missing}"
 
 
 def test_sglang_constraint_that_cannot_continue_is_400_through_the_router(sglang_router) -> None:
