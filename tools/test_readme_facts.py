@@ -1,6 +1,6 @@
 """The versions the READMEs state as fact are the code's: each package's version where a README
-names it (the root README's package table, "`smg-…` (X.Y.Z" in prose, a package README's
-"Version X.Y.x"), and the wire contract's version against core's requirement."""
+or a documentation page names it (the root README's package table, "`smg-…` (X.Y.Z" in prose, a
+package README's "Version X.Y.x"), and the wire contract's version against core's requirement."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ROOT / "packages"
-READMES = [ROOT / "README.md", *sorted(PACKAGES.glob("*/README.md"))]
+#: The root README, the documentation pages it points to (moved out of it: issue #44) and each
+#: package's README.
+READMES = [
+    ROOT / "README.md",
+    ROOT / "DEVELOPMENT.md",
+    *sorted((ROOT / "docs").glob("**/*.md")),
+    *sorted(PACKAGES.glob("*/README.md")),
+]
 
 
 def _versions() -> dict[str, str]:
