@@ -31,6 +31,8 @@ def test_the_dashboard_names_each_engines_metrics() -> None:
         "vllm:time_to_first_token_seconds_bucket",
     }  # fmt: skip
     assert not any(m.startswith("vllm:") for m in wanted["mlx"] | wanted["sglang"])
+    lora = dashboard.queried_metrics(features=frozenset({"lora"}))["sglang"] - wanted["sglang"]
+    assert lora == {"smg_servicer_lora_adapters_loaded", "smg_servicer_lora_updates_total"}
 
 
 def test_a_query_of_a_metric_nobody_exports_is_caught(tmp_path: Path) -> None:

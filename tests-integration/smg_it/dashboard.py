@@ -1,5 +1,6 @@
 """The Grafana dashboard in ``dashboards/smg-servicer.json``, read as its checks need it: which
-metrics its queries name, for which engines (each row's description says ``engines: a, b``; the
+metrics its queries name, for which engines (each row's description says ``engines: a, b``, and
+``; when: FEATURE`` for a row whose metrics exist only with a feature on, such as ``lora``; the
 panels below a row are that row's), and whether a worker's ``/metrics`` exports them."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ DASHBOARD = REPO / "dashboards" / "smg-servicer.json"
 METRIC = re.compile(r"\b(smg_servicer_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
 #: The sample suffixes of a family: a counter's ``_total``, a histogram's series.
 SUFFIXES = ("_total", "_bucket", "_sum", "_count")
-ENGINES_SAID = re.compile(r"^engines: ([a-z, ]+)$")
+ENGINES_SAID = re.compile(r"^engines: ([a-z, ]+)(?:; when: ([a-z_]+))?$")
 
 
 def _exprs(node: Any) -> list[str]:
@@ -32,9 +33,12 @@ def _exprs(node: Any) -> list[str]:
     return []
 
 
-def queried_metrics(path: Path = DASHBOARD) -> dict[str, set[str]]:
+def queried_metrics(
+    path: Path = DASHBOARD, features: frozenset[str] = frozenset()
+) -> dict[str, set[str]]:
     """engine -> the metrics the dashboard's queries name for it: the template variables' for
-    every engine a row names, each panel's for its row's engines."""
+    every engine a row names, each panel's for its row's engines (a row that needs a feature:
+    only when ``features`` holds it)."""
     board = json.loads(path.read_text())
     wanted: dict[str, set[str]] = {}
     engines: list[str] = []
@@ -43,7 +47,9 @@ def queried_metrics(path: Path = DASHBOARD) -> dict[str, set[str]]:
             said = ENGINES_SAID.match(panel.get("description", ""))
             if said is None:
                 raise ValueError(f"row {panel['title']!r}: its description says no `engines: ...`")
+            needs = said.group(2)
             engines = [e.strip() for e in said.group(1).split(",")]
+            engines = engines if needs is None or needs in features else ["-"]
             continue
         if not engines:
             raise ValueError(f"panel {panel['title']!r} sits above every row")
@@ -52,6 +58,7 @@ def queried_metrics(path: Path = DASHBOARD) -> dict[str, set[str]]:
             raise ValueError(f"panel {panel['title']!r} queries no metric")
         for engine in engines:
             wanted.setdefault(engine, set()).update(names)
+    wanted.pop("-", None)  # a row whose feature is off
     everywhere = {m for e in _exprs(board.get("templating", {})) for m in METRIC.findall(e)}
     return {engine: names | everywhere for engine, names in wanted.items()}
 

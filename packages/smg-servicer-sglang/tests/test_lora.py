@@ -30,13 +30,14 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from smg_it import dashboard
 from smg_it.harness import free_port
 from smg_it.paths import model_cache
 from smg_it.sglang_reference import LORA_PROMPT, MAX_TOKENS
 from smg_it.sglang_suite import Server, run_reference, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from smg_servicer_core.testing.metrics import scrape, value
+from smg_servicer_core.testing.metrics import family_names, scrape, value
 from smg_servicer_core.testing.tiny_lora import TinyLoraSpec, cached_tiny_lora, make_tiny_lora
 from smg_servicer_sglang.testing import LORA_CPU_FLAGS, PIN_MEMORY_SHIM_ENV
 
@@ -309,6 +310,16 @@ async def test_metrics_count_adapters_and_updates(stub: Any, lora_server: Server
         BAD_LOADS
     )
     assert value(samples, "smg_servicer_lora_updates_total", op="unload", outcome="ok") >= 1
+
+
+async def test_the_dashboards_lora_row_is_what_a_lora_worker_exports(lora_server: Server) -> None:
+    """``dashboards/smg-servicer.json``'s LoRA row (shown for SGLang with LoRA on) queries
+    families this worker exports; tests-integration/test_router.py checks the other rows."""
+    assert lora_server.metrics_port is not None
+    wanted = dashboard.queried_metrics(features=frozenset({"lora"}))["sglang"]
+    families = await asyncio.to_thread(family_names, lora_server.metrics_port)
+    lora = {m for m in wanted if "lora" in m}
+    assert len(lora) == 2 and all(dashboard.exported(m, families) for m in lora), (lora, families)
 
 
 # -- fuzz --------------------------------------------------------------------------------------
