@@ -111,3 +111,12 @@ def test_a_malformed_compat_line_is_refused(tmp_path: Path) -> None:
     listing.write_text("compat vllm099 vllm027\n")
     with pytest.raises(ValueError, match="compat ENV LIKE INSTALL"):
         compat.compat_envs(listing)
+
+
+def test_the_weekly_workflow_runs_every_compat_environment() -> None:
+    import yaml
+
+    workflow = yaml.safe_load((compat.REPO / ".github/workflows/compat.yml").read_text())
+    (job,) = workflow["jobs"].values()
+    assert job["strategy"]["matrix"]["env"] == [c.env for c in compat.compat_envs()]
+    assert any("tools/compat_run.py ${{ matrix.env }}" in str(s.get("run")) for s in job["steps"])
