@@ -2,11 +2,13 @@
 # The TokenSpeed GPU check: on a machine with an NVIDIA GPU (CUDA 12+ driver, Python 3.11, pip,
 # network to PyPI), install TokenSpeed 0.1.1 with its CUDA stack, run our servicer on the tiny
 # model with TokenSpeed's REAL scheduler, and run
-#   1. the engine tests that do not assert the CPU stand-in's own behaviour
-#      (packages/smg-servicer-tokenspeed/tests/engine -m "not standin": the shared invalid-input
-#      messages, refusals, multimodal objects, the tokenizer bundle, the encoder, the metrics of a
-#      known workload, --help, ts serve's own spawn_engine + wait_grpc_serving, and the SIGTERM
-#      drain at the session worker's stop);
+#   1. the engine tests that neither assert the CPU stand-in's own behaviour nor read what it
+#      recorded (packages/smg-servicer-tokenspeed/tests/engine -m "not standin": the shared
+#      invalid-input messages, refusals, multimodal objects, the tokenizer bundle, the encoder, the
+#      metrics of a known workload, --help, ts serve's own spawn_engine + wait_grpc_serving, the
+#      SIGTERM drain at the session worker's stop, and the router's ZMQ lane and the Rust servicer
+#      lane over the real scheduler ranks); tools/test_standin_markers.py checks that every test
+#      reading the stand-in's records is marked standin, and that this script deselects them;
 #   2. one router round trip: tests-integration/test_router.py for tokenspeed (detection, chat and
 #      completions streaming or not with usage, client disconnect).
 # Usage: bash tools/gpu/tokenspeed_check.sh [venv dir]   (a few minutes; prints a summary line)
@@ -34,7 +36,7 @@ export SMG_TS_REAL_SCHEDULER=1 SMG_TOKENSPEED_PYTHON="$venv/bin/python"
 status=0
 "$venv/bin/python" -m pytest packages/smg-servicer-tokenspeed/tests/engine -m "not standin" \
     -p no:cacheprovider -q || status=$?
-"$venv/bin/python" -m pytest tests-integration/test_router.py -k tokenspeed \
+"$venv/bin/python" -m pytest tests-integration/test_router.py -k tokenspeed -m "not standin" \
     -p no:cacheprovider -q || status=$?
 echo "tokenspeed GPU check: $([[ $status == 0 ]] && echo PASSED || echo FAILED) (exit $status)"
 exit "$status"

@@ -116,6 +116,7 @@ def test_stream_and_non_stream_agree_with_usage(lane: Lane, path: str) -> None:
     check_stream_and_non_stream_agree(lane, path)
 
 
+@pytest.mark.standin
 def test_logprobs_and_a_grammar_reach_the_scheduler(lane: Lane, record: Record) -> None:
     chat = {"messages": [{"role": "user", "content": "yes or no?"}]}
     scored = lane.post("/v1/chat/completions", max_tokens=5, ignore_eos=True, logprobs=True, **chat)

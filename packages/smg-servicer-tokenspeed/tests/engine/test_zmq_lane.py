@@ -80,6 +80,7 @@ def test_stream_and_non_stream_agree_with_usage(lane: Lane, path: str) -> None:
     check_stream_and_non_stream_agree(lane, path)
 
 
+@pytest.mark.standin
 def test_logprobs_and_a_grammar_reach_the_scheduler(lane: Lane, record: Record) -> None:
     """The router builds the logprob request and the grammar itself; both ride the wire: the
     scheduler's logprobs come back one per token, the schema reaches the scheduler."""
@@ -100,6 +101,7 @@ def test_logprobs_and_a_grammar_reach_the_scheduler(lane: Lane, record: Record) 
     assert '"enum"' in str(last["json_schema"])
 
 
+@pytest.mark.standin
 @pytest.mark.parametrize(
     ("path", "bad", "why"),
     [
@@ -140,6 +142,7 @@ def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
     check_the_router_sees_the_load(lane, LONG)
 
 
+@pytest.mark.standin
 def test_a_client_that_disconnects_stops_its_request(lane: Lane, record: Record) -> None:
     """The router's ABORT reaches the scheduler (the guard logs it, the stand-in records it)."""
     rid = check_a_disconnect_aborts(lane, LONG)
