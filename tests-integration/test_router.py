@@ -106,6 +106,16 @@ async def _active_requests(engine: str, worker) -> int:
         return info.active_requests
 
 
+def _engine_holds(worker) -> float:
+    """The requests the engine itself holds, running or queued, over its ranks: its load gauges
+    on ``/metrics`` (SGLang's and TokenSpeed's scheduler snapshots, MLX's batch generator,
+    vLLM's scheduler stats as ``GetLoads`` reads them), not the servicer's own registry."""
+    samples = scrape(worker.metrics_port)
+    return total(samples, "smg_servicer_engine_running_requests") + total(
+        samples, "smg_servicer_engine_waiting_requests"
+    )
+
+
 def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
     engine, worker, router = deployment
     body = {
@@ -116,6 +126,8 @@ def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
         "ignore_eos": True,
         "stream": True,
     }
+    generated = "vllm:generation_tokens_total"  # vLLM's engine counts every token it makes
+    before = total(scrape(worker.metrics_port), generated)
     seen = 0
     with httpx.stream("POST", router.base + "/v1/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
@@ -123,14 +135,23 @@ def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
             if line.startswith("data: "):
                 seen += 1
             if seen == 5:
-                # Still inside the stream: the worker is generating for us.
+                # Still inside the stream: the worker and its engine are generating for us.
                 assert asyncio.run(_active_requests(engine, worker)) == 1
+                deadline = time.monotonic() + 10
+                while _engine_holds(worker) < 1:  # the engine's next load report
+                    assert time.monotonic() < deadline, "the engine never showed the request"
+                    time.sleep(0.05)
                 break  # leaving the iterator closes the response: the client is gone
-    # The client is gone: the router sends Abort, the worker drops the request.
+    # The client is gone: the router sends Abort, the worker drops the request, and the engine
+    # lets it go (its own counts, not the servicer's).
     deadline = time.monotonic() + 10
-    while asyncio.run(_active_requests(engine, worker)) != 0:
-        assert time.monotonic() < deadline, "the worker kept generating after the disconnect"
+    while asyncio.run(_active_requests(engine, worker)) != 0 or _engine_holds(worker) != 0:
+        assert time.monotonic() < deadline, "the worker or its engine kept the request"
         time.sleep(0.1)
+    if engine == "vllm":  # and it stopped making tokens: the count stands, far short of 900
+        made = total(scrape(worker.metrics_port), generated) - before
+        time.sleep(1.0)
+        assert total(scrape(worker.metrics_port), generated) - before == made < 450
 
 
 def test_every_metric_the_dashboard_queries_is_exported_by_a_live_worker(deployment) -> None:
