@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -66,13 +67,18 @@ class EnvRelease:
     what: str
 
 
+def _lines(path: Path, kind: str) -> Iterator[tuple[str, list[str]]]:
+    """(line, its words) for every ``kind`` line of ``path``, in order."""
+    for line in path.read_text().splitlines():
+        words = line.split()
+        if words and words[0] == kind:
+            yield line, words
+
+
 def declared(path: Path = ENV_LIST) -> list[EnvRelease]:
     """Every ``release`` line of ``tools/envs/list``, in order."""
     found: list[EnvRelease] = []
-    for line in path.read_text().splitlines():
-        words = line.split()
-        if not words or words[0] != "release":
-            continue
+    for line, words in _lines(path, "release"):
         if len(words) < 4 or "==" not in words[2]:
             raise ValueError(
                 f"{path}: a release line is `release ENV DIST==VERSION WHAT...`: {line}"
@@ -96,10 +102,7 @@ class CompatEnv:
 def compat_envs(path: Path = ENV_LIST) -> list[CompatEnv]:
     """Every ``compat`` line of ``tools/envs/list``, in order."""
     found: list[CompatEnv] = []
-    for line in path.read_text().splitlines():
-        words = line.split()
-        if not words or words[0] != "compat":
-            continue
+    for line, words in _lines(path, "compat"):
         if len(words) != 4:
             raise ValueError(f"{path}: a compat line is `compat ENV LIKE INSTALL`: {line}")
         found.append(CompatEnv(words[1], words[2], words[3]))
