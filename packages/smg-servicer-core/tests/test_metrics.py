@@ -24,7 +24,7 @@ from smg_servicer_core.cli import resolve_server, start_metrics
 from smg_servicer_core.config import resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.metrics import Histogram, MetricsServer, ServicerMetrics
+from smg_servicer_core.metrics import EngineLoad, Histogram, MetricsServer, ServicerMetrics
 from smg_servicer_core.testing import (
     FakeEngine,
     FakeEngineServicer,
@@ -54,6 +54,34 @@ def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
     assert hist.buckets() == [("0.1", 2.0), ("1.0", 3.0), ("+Inf", 4.0)]
     assert hist.count == 4
     assert hist.total == pytest.approx(2.65)
+
+
+@pytest.mark.unit
+def test_engine_gauges_are_per_data_parallel_rank() -> None:
+    """One sample per rank the engine reports (``dp_rank``; "" for a figure of no rank); a
+    single load or None (what an engine written for core 0.2.15 returns) reads as one rank or
+    none; a source that fails leaves the gauges out."""
+
+    def gauges(source: Any) -> dict[str, list[tuple[str, float]]]:
+        metrics = ServicerMetrics()
+        metrics.loads_source = source
+        return {
+            f.name: [(s.labels["dp_rank"], s.value) for s in f.samples]
+            for f in metrics.collect()
+            if f.name.startswith("smg_servicer_engine_")
+        }
+
+    two = gauges(lambda: [EngineLoad(2, 1, 0.5, dp_rank=0), EngineLoad(3, 0, 0.25, dp_rank=1)])
+    assert two == {
+        "smg_servicer_engine_running_requests": [("0", 2), ("1", 3)],
+        "smg_servicer_engine_waiting_requests": [("0", 1), ("1", 0)],
+        "smg_servicer_engine_kv_cache_usage_ratio": [("0", 0.5), ("1", 0.25)],
+    }
+    old = gauges(lambda: EngineLoad(4, 2, 0.0))
+    assert old["smg_servicer_engine_running_requests"] == [("0", 4)]
+    blind = gauges(lambda: [EngineLoad(1, 0, 0.0, dp_rank=None)])
+    assert blind["smg_servicer_engine_waiting_requests"] == [("", 0)]
+    assert gauges(lambda: None) == gauges(lambda: []) == gauges(lambda: 1 / 0) == {}
 
 
 @pytest.mark.unit

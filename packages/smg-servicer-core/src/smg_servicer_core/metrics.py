@@ -106,8 +106,9 @@ class EngineLoad:
     dp_rank: int | None = 0
 
 
-#: The engine's load per rank, read when ``/metrics`` is scraped (empty: the engine reports none).
-LoadsSource = Callable[[], Sequence[EngineLoad]]
+#: The engine's load per rank, read when ``/metrics`` is scraped (empty: the engine reports none;
+#: a single load or None, what engines written for core 0.2.15 return, is read as one rank or none).
+LoadsSource = Callable[[], Sequence[EngineLoad] | EngineLoad | None]
 
 
 def rank_loads(rows: Iterable[Any]) -> list[EngineLoad]:
@@ -357,7 +358,8 @@ class ServicerMetrics(Collector):
         if self.loads_source is None:
             return
         try:
-            ranks = list(self.loads_source())
+            got = self.loads_source()
+            ranks = [] if got is None else [got] if isinstance(got, EngineLoad) else list(got)
         except Exception:
             logger.warning("engine loads for /metrics failed", exc_info=True)
             return
