@@ -8,8 +8,10 @@ the benchmark command (``bash tools/bench/reliability.sh``, then ``tools/reliabi
 any healthy run (a missed death is never noticed, or after a health-check period: 30-60 s), so a
 busy machine cannot trip it.
 
-MLX has no engine process (it generates in the servicer's own process), so its engine's death is
-the process's: SIGKILL the worker; the streams must still end UNAVAILABLE at once.
+MLX has no engine process: it generates on a thread of the worker's own process, so its engine's
+death is that thread ending while the process lives, as a failing MLX array operation ends it.
+The test injects exactly that at the engine's boundary (:mod:`smg_it.mlx_dying_engine`: mlx-lm's
+decoding step raises once a file appears) and checks the same as for the others.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 STREAMS = 8
 DETECTION_BOUND_S = 10.0
-#: The exit status after the engine's death. MLX: the kill itself. vLLM: its own gRPC launcher
-#: exits 0 after any stop (it waits for a signal and returns from ``main``); our servicer's death
-#: watch stops it within a second of the engine's death, but cannot choose its status.
-EXIT = {"mlx": -signal.SIGKILL, "vllm": 0, "sglang": 1, "tokenspeed": 1}
+#: The exit status after the engine's death. vLLM: its own gRPC launcher exits 0 after any stop
+#: (it waits for a signal and returns from ``main``); our servicer's death watch stops it within
+#: a second of the engine's death, but cannot choose its status.
+EXIT = {"mlx": 1, "vllm": 0, "sglang": 1, "tokenspeed": 1}
 
 
 async def _stream(
@@ -71,8 +73,11 @@ async def _health(target: Target) -> str:
 
 
 @pytest.mark.parametrize("victim", ENGINES)
-async def test_engine_death_ends_every_stream_at_once(victim: Wire, tiny_model: Path) -> None:
-    with running(victim, tiny_model) as target:
+async def test_engine_death_ends_every_stream_at_once(
+    victim: Wire, tiny_model: Path, tmp_path: Path
+) -> None:
+    fault = tmp_path / "die"  # MLX's engine dies when this file appears
+    with running(victim, tiny_model, mlx_fault=fault if victim == "mlx" else None) as target:
         root = psutil.Process(target.pid)
         everything = [root, *root.children(recursive=True)]
         engine = engine_processes(victim, target.pid)
@@ -87,8 +92,10 @@ async def test_engine_death_ends_every_stream_at_once(victim: Wire, tiny_model: 
             ]
             await asyncio.wait_for(started.wait(), 60)
             killed_at = time.monotonic()
-            for proc in engine or [root]:
+            for proc in engine:
                 proc.send_signal(signal.SIGKILL)
+            if victim == "mlx":
+                fault.touch()
             endings = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         health = await _health(target)
         detection = max(at for _, at in endings) - killed_at

@@ -22,6 +22,7 @@ import psutil
 
 from smg_it.figures import record
 from smg_it.harness import Worker, free_port, metered_worker
+from smg_it.mlx_dying_engine import with_dying_engine
 from smg_servicer_core.testing.metrics import scrape, total, value
 from smg_servicer_core.testing.process import wait_serving
 from smg_servicer_core.testing.requests import SERVICES, STUBS, WIRES, Wire, generate_request
@@ -161,10 +162,15 @@ class Target:
 
 
 @contextmanager
-def running(engine: Wire, model: Path) -> Iterator[Target]:
-    """A worker of ``engine`` on the tiny model, healthy, its limits and reference learnt."""
+def running(engine: Wire, model: Path, mlx_fault: Path | None = None) -> Iterator[Target]:
+    """A worker of ``engine`` on the tiny model, healthy, its limits and reference learnt
+    (``mlx_fault``: an MLX worker whose engine dies once that file exists,
+    :mod:`smg_it.mlx_dying_engine`)."""
     port, metrics_port = free_port(), free_port()
     worker = metered_worker(engine, model, port, metrics_port)
+    if mlx_fault is not None:
+        assert engine == "mlx", engine
+        with_dying_engine(worker.cmd, worker.env, mlx_fault)
     with worker:
         target = Target(engine, worker, metrics_port)
         target.wait_healthy()

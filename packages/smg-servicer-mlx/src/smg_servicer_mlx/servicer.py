@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
-from smg_servicer_core.errors import Aborted, ServicerError, grpc_errors
+from smg_servicer_core.errors import Aborted, ServicerError, Unavailable, grpc_errors
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.health import HealthFrame
 from smg_servicer_core.metrics import EngineLoad, LoadsSource, ServicerMetrics
@@ -31,8 +31,9 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MlxEngine"].full_name
 SERVER_TYPE = "mlx-grpc"
 
 
-class EngineFailed(ServicerError):
-    """The engine thread ended while the request ran (INTERNAL)."""
+class EngineFailed(Unavailable):
+    """The engine thread ended while the request ran (UNAVAILABLE, as every engine's death: the
+    worker is going away, and the router retries the request on another)."""
 
 
 class SamplingFailed(ServicerError):
@@ -92,7 +93,7 @@ class MlxServicer(EngineServicer, mlx_engine_pb2_grpc.MlxEngineServicer):
             if handle.aborted or finish == "abort":
                 raise Aborted(f"request {request.request_id} was aborted")
         if finish == "error":
-            raise EngineFailed("the engine stopped while generating; retry")
+            raise EngineFailed("the MLX engine stopped while generating; retry elsewhere")
         if finish == UNSERVABLE:
             raise SamplingFailed("the engine could not set up this request's sampling")
         yield self._complete(request, params, outputs, finish)
