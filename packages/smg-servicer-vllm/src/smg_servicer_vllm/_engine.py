@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from smg_servicer_vllm.sampling import SamplingSpec
 
 try:
@@ -56,10 +58,8 @@ def prometheus_registry() -> Any:
     """The registry vLLM's HTTP server serves on ``/metrics``: the process's default one, or the
     multi-process collection when ``PROMETHEUS_MULTIPROC_DIR`` is set (vLLM's own choice)."""
     try:
-        from vllm.v1.metrics.prometheus import get_prometheus_registry  # noqa: PLC0415
+        from vllm.v1.metrics.prometheus import get_prometheus_registry  # noqa: PLC0415 - vLLM
     except ImportError:  # pragma: no cover - a release without the helper: the default registry
-        from prometheus_client import REGISTRY  # noqa: PLC0415
-
         return REGISTRY
     return get_prometheus_registry()
 
@@ -72,7 +72,7 @@ def greedy_params(max_tokens: int) -> Any:
 def serve_subcommand() -> Any:
     """vLLM's ``serve`` subcommand (``vllm serve``: its parser, validation and dispatch, which
     runs ``run_headless`` for ``--headless``): the ZMQ-lane launcher's engine start."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415
+    from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: PLC0415 - vLLM's CLI: launchers
 
     return ServeSubcommand()
 
@@ -81,7 +81,7 @@ def engine_core_classes() -> tuple[Any, Any, Any]:
     """vLLM's ``EngineCore`` (whose request preparation the ZMQ-lane guard wraps),
     ``EngineCoreProc`` (whose refusal of a request during a drain it changes) and
     ``EngineShutdownState``."""
-    from vllm.v1.engine.core import (  # noqa: PLC0415
+    from vllm.v1.engine.core import (  # noqa: PLC0415 - vLLM's engine core: in a core only
         EngineCore,
         EngineCoreProc,
         EngineShutdownState,
@@ -93,13 +93,13 @@ def engine_core_classes() -> tuple[Any, Any, Any]:
 def argument_parser() -> Any:
     """vLLM's ``FlexibleArgumentParser``, the class the plugin wraps (ImportError in a vLLM
     without it: such a vLLM has no gRPC launcher we serve)."""
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415 - vLLM, may lack it
 
     return FlexibleArgumentParser
 
 
 def engine_config(args: Any) -> Any:
     """vLLM's config of a parsed engine command line (what its headless serve builds)."""
-    from vllm import AsyncEngineArgs  # noqa: PLC0415
+    from vllm import AsyncEngineArgs  # noqa: PLC0415 - vLLM's engine arguments: launchers
 
     return AsyncEngineArgs.from_cli_args(args).create_engine_config()

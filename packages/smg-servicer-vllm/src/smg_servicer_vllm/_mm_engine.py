@@ -56,11 +56,11 @@ from smg_servicer_vllm._mm_layouts import ItemLayout, item_layouts
 from smg_servicer_vllm.media_guard import OPT_IN_FLAG, AddressPolicy, GuardedFetcher
 from smg_servicer_vllm.mm import (
     MediaItem,
+    MmFacts,
     accepted_schemes,
     fetch_error,
 )
 from smg_servicer_vllm.mm_settings import MmSettings
-from smg_servicer_vllm.multimodal import MmFacts
 
 logger = logging.getLogger(__name__)
 #: Every tensor inline in the one buffer (vLLM's out-of-band buffers would need a side channel).
@@ -499,7 +499,7 @@ def mm_facts(engine: Any) -> MmFacts:
     processor = MULTIMODAL_REGISTRY.create_processor(mc)
     limits = {m: int(n) for m, n in processor.info.allowed_mm_limits.items() if n}
     try:  # the module moved between vLLM releases; the label is informative only
-        from vllm.multimodal.encoder_budget import MultiModalBudget  # noqa: PLC0415
+        from vllm.multimodal.encoder_budget import MultiModalBudget  # noqa: PLC0415 - vLLM, moves
 
         counted = MultiModalBudget(
             engine.vllm_config,
@@ -618,8 +618,8 @@ def sidecar_parser(prog: str, description: str, add_own: Callable[[Any], None]) 
     """vLLM's argument parser with the caller's flags (``add_own(parser)``), then vLLM's engine
     arguments."""
     # The sidecar's alone (a worker never parses them): imported when the sidecar starts.
-    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - vLLM, the sidecar's
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415 - vLLM, the sidecar's
 
     parser = FlexibleArgumentParser(prog=prog, description=description)
     add_own(parser)
@@ -629,8 +629,9 @@ def sidecar_parser(prog: str, description: str, add_own: Callable[[Any], None]) 
 def sidecar_renderer(namespace: Any) -> tuple[Any, Any]:
     """vLLM's configuration for the parsed engine arguments and its renderer (no engine, no KV
     cache, no weights); the renderer is None for a model that accepts no media."""
-    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.renderers.registry import (  # noqa: PLC0415
+    # The sidecar's alone (a worker never builds a renderer from a command line).
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - vLLM, the sidecar's
+    from vllm.renderers.registry import (  # noqa: PLC0415 - vLLM, the sidecar's
         renderer_from_config,  # pyright: ignore[reportUnknownVariableType]
     )
 

@@ -143,8 +143,8 @@ def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
 def sample(processor: Any, modality: str, size: tuple[int, int] | None = None) -> tuple[Any, int]:
     """One dummy item of ``modality`` through vLLM's processor, the largest it makes or an image
     of ``size`` (width, height; at most the largest): (item, embeddings)."""
-    from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415
-    from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415
+    from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415 - vLLM, at start only
+    from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415 - vLLM, at start
 
     seq_len = int(processor.info.ctx.model_config.max_model_len)
     option: dict[str, Any] = {}

@@ -125,7 +125,7 @@ def guard_engine_core() -> None:
       router answers an aborted request 200 with no text, so a client would take the refusal
       for an empty answer;
     - the router's aborts (a client gone) are logged, as vLLM's front end logs its own."""
-    from smg_servicer_vllm._engine import engine_core_classes  # noqa: PLC0415 - in a core only
+    from smg_servicer_vllm._engine import engine_core_classes  # noqa: PLC0415 - vLLM, in a core
 
     core, proc, state = engine_core_classes()
     current = core.preprocess_add_request
@@ -231,7 +231,7 @@ class CoreWatch:
 
 def _parser() -> argparse.ArgumentParser:
     """vLLM's own ``serve`` parser (every engine flag, vLLM's validation), plus ours."""
-    from smg_servicer_vllm._engine import argument_parser, serve_subcommand  # noqa: PLC0415
+    from smg_servicer_vllm._engine import argument_parser, serve_subcommand  # noqa: PLC0415 - vLLM
 
     top = argument_parser()(prog="python -m smg_grpc_servicer.vllm.headless")
     serve: Any = serve_subcommand().subparser_init(top.add_subparsers(dest="subparser"))
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return ExitCode.CONFIG
     configure_logging("info")
-    from smg_servicer_vllm._engine import serve_subcommand  # noqa: PLC0415
+    from smg_servicer_vllm._engine import serve_subcommand  # noqa: PLC0415 - vLLM
 
     prepare_environment()
     # Until vLLM installs its own handlers (which drain), a signal stops the launch.

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smg_servicer_core.health import HealthFrame, Probe
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_vllm import plugin
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 ENGINE_DEAD = "Engine is not alive"
@@ -58,9 +59,7 @@ class VllmHealthServicer(health_pb2_grpc.HealthServicer):
 
     def set_not_serving(self) -> None:
         self.frame.enter_shutdown()
-        from smg_servicer_vllm.plugin import shutdown_deadline  # noqa: PLC0415 - launcher only
-
-        deadline = shutdown_deadline()
+        deadline = plugin.shutdown_deadline()  # None outside vLLM's launcher process
         if deadline is not None:
             deadline.arm()
 

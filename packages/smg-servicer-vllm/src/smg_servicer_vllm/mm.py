@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -198,6 +198,18 @@ def check_anchors(
         "the anchors in the prompt are not in the order of media_refs.items "
         f"(prompt: {', '.join(found)}; items: {', '.join(expected)})"
     )
+
+
+@dataclass(frozen=True)
+class MmFacts:
+    """What the engine's model accepts, read once at start (by :mod:`._mm_engine`, for the
+    orchestration in :mod:`.multimodal`)."""
+
+    supported: bool = False
+    limits: Mapping[str, int] = field(default_factory=dict[str, int])
+    anchors: Mapping[str, int] = field(default_factory=dict[str, int])
+    encoder_budget: int = 0
+    max_embeds_per_item: Mapping[str, int] = field(default_factory=dict[str, int])
 
 
 def item_limits(

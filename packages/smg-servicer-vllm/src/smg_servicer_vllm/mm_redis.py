@@ -22,6 +22,7 @@ from typing import Any
 
 from smg_servicer_core import validate
 from smg_servicer_core.errors import ConfigError, InvalidRequest, ServicerError, Unavailable
+from smg_servicer_mm_sidecar.client import RedisRejected, SidecarClient, check_redis, connect
 from smg_servicer_mm_sidecar.protocol import (
     MODALITIES,
     SIDECAR_PROTOCOL,
@@ -49,8 +50,6 @@ def as_servicer_error(exc: SidecarError) -> ServicerError:
 
 def check_redis_at_start(settings: MmSettings) -> None:
     """Raise ``ConfigError`` when Redis refuses us; log a warning when it cannot be reached."""
-    from smg_servicer_mm_sidecar.client import RedisRejected, check_redis  # noqa: PLC0415
-
     url = settings.redis_url
     tls = redis_tls(url, settings.tls)
     try:
@@ -80,8 +79,6 @@ class RedisProcessor:
         one item of a modality fills (vLLM's per-item maximum): a result that places more would
         fail inside the engine."""
         try:
-            from smg_servicer_mm_sidecar.client import SidecarClient, connect  # noqa: PLC0415
-
             redis = connect(settings.redis_url, redis_tls(settings.redis_url, settings.tls))
         except ImportError as exc:
             raise ConfigError(
@@ -89,7 +86,8 @@ class RedisProcessor:
                 "pip install 'smg-servicer-vllm[redis]'"
             ) from exc
         check_redis_at_start(settings)
-        from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - the engine side (vLLM, torch)
+        # The engine side (vLLM, torch): a worker's engine is up by now; this module is not.
+        from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - vLLM, torch
 
         self._engine_side = _mm_engine
         mc = engine.model_config

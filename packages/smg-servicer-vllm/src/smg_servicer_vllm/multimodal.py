@@ -18,34 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.tensors import release_shm, shm_namespace_id
 from smg_servicer_vllm.mm import (
     MediaItem,
+    MmFacts,
     MmGate,
     accepted_schemes,
     format_limits,
     item_limits,
     media_items,
 )
+from smg_servicer_vllm.mm_redis import RedisProcessor
 from smg_servicer_vllm.mm_settings import MmSettings
 
+__all__ = ["MediaPlan", "MediaProcessor", "MmFacts", "MultimodalPath"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MmFacts:
-    """What the engine's model accepts, read once at start."""
-
-    supported: bool = False
-    limits: Mapping[str, int] = field(default_factory=dict[str, int])
-    anchors: Mapping[str, int] = field(default_factory=dict[str, int])
-    encoder_budget: int = 0
-    max_embeds_per_item: Mapping[str, int] = field(default_factory=dict[str, int])
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,8 @@ class MultimodalPath:
     """A request's multimodal input -> vLLM's engine input, under the ``--mm-max-inflight`` gate."""
 
     def __init__(self, engine: Any, settings: MmSettings) -> None:
-        from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - the engine side (vLLM, torch)
+        # The engine side (vLLM, torch): a worker's engine is up by now; this module is not.
+        from smg_servicer_vllm import _mm_engine  # noqa: PLC0415 - vLLM, torch
 
         self._engine_side = _mm_engine
         self.settings = settings
@@ -116,8 +110,6 @@ class MultimodalPath:
         if self.mode == "inprocess":
             self.processor = _mm_engine.InprocessProcessor(engine, settings)
         elif self.mode == "redis":
-            from smg_servicer_vllm.mm_redis import RedisProcessor  # noqa: PLC0415
-
             self.processor = RedisProcessor(
                 engine, settings, self.tensor_facts.dtype, self.facts.max_embeds_per_item
             )

@@ -83,6 +83,11 @@ class LauncherSettings:
     servicer_impl: str = "python"
     servicer_impl_source: str = "default"
 
+    @property
+    def impl_line(self) -> str:
+        """What the launcher serves with and where the choice came from (logged at start)."""
+        return describe_impl(self.servicer_impl, self.servicer_impl_source)
+
 
 #: The last gRPC parse's settings (at most one entry: "launch").
 _launched: dict[str, LauncherSettings] = {}
@@ -98,7 +103,7 @@ def servicer_impl_line() -> str:
     launch = launcher_settings()
     if launch is None:
         return describe_impl("python", "no launcher command line")
-    return describe_impl(launch.servicer_impl, launch.servicer_impl_source)
+    return launch.impl_line
 
 
 def in_launcher_process() -> bool:
@@ -173,7 +178,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         if in_launcher_process():
             fix_keepalive()
             if _launched["launch"].servicer_impl == "rust":
-                rust_lane.take_over()
+                rust_lane.take_over(_launched["launch"])
         return parsed, rest
 
     setattr(parse_known_args, _MARK, True)
@@ -277,11 +282,12 @@ def register() -> None:
     requests the router sends them (:func:`smg_servicer_vllm.headless.guard_engine_core`)."""
     guard_wire()
     if environment().get("SMG_VLLM_ZMQ_LANE") == "1":
-        from smg_servicer_vllm.headless import guard_engine_core  # noqa: PLC0415
+        # zmq (core's zmq_lane): only in an engine core of our ZMQ-lane launcher.
+        from smg_servicer_vllm.headless import guard_engine_core  # noqa: PLC0415 - zmq
 
         guard_engine_core()
     try:
-        from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM calls us: it is loaded
+        from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM (it is calling us)
 
         parser_class: Any = _engine.argument_parser()
     except ImportError:  # a vLLM without it has no gRPC launcher we serve

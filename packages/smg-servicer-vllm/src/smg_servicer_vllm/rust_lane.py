@@ -32,6 +32,7 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import multiprocessing
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 from smg_servicer_core import rust_lane as lane
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
+from smg_servicer_vllm import info, logs, releases
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,6 @@ def require_upstream_hook() -> None:
 def server_keywords(config: Any, accepted: frozenset[str]) -> dict[str, Any]:
     """What the server reports of the model and engine (``GetModelInfo``/``GetServerInfo``), as
     the Python servicer reports it, limited to ``accepted``."""
-    from smg_servicer_vllm import info  # noqa: PLC0415
-
     engine = SimpleNamespace(model_config=config.model_config, vllm_config=config)
     facts = info.model_facts(engine)
     served = info.server_info(engine, 0, 0.0)
@@ -124,7 +124,7 @@ def refuse_unserved(settings: Any) -> None:
 def headless_args(launch: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
     """The headless serve namespace of a launcher command line: vLLM's defaults, then every
     engine value the launcher parsed (its ``--host``/``--port`` are the gRPC server's)."""
-    from smg_servicer_vllm import headless  # noqa: PLC0415
+    from smg_servicer_vllm import headless  # noqa: PLC0415 - zmq: the plugin imports this module
 
     args = headless.parse([str(launch.model), "--zmq-handshake-address", "tcp://127.0.0.1:1"])
     keep_drain = not any(a.split("=", 1)[0] == "--shutdown-timeout" for a in argv)
@@ -137,16 +137,18 @@ def headless_args(launch: argparse.Namespace, argv: list[str]) -> argparse.Names
     return args
 
 
-def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """Serve a launcher command line on the Rust lane; the exit code (core's table)."""
-    from smg_servicer_vllm import _engine, headless, logs, plugin  # noqa: PLC0415
+def run(launch: argparse.Namespace, settings: Any, argv: list[str] | None = None) -> int:
+    """Serve a launcher command line on the Rust lane; the exit code (core's table).
+    ``settings``: what the plugin resolved of that command line (its ``LauncherSettings``)."""
+    # vLLM (loaded by its launcher by now) and zmq: the plugin imports this module everywhere.
+    from smg_servicer_vllm import _engine, headless  # noqa: PLC0415 - vLLM, zmq
 
     logs.route_through_vllm()  # vLLM configured its logger after the launcher's parse
-    logger.info(plugin.servicer_impl_line())
+    logger.info(settings.impl_line)
     lane.stop_while_starting()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        refuse_unserved(plugin.launcher_settings())
+        refuse_unserved(settings)
         server_class = binding()
         args = headless_args(launch, argv)
         serve = _engine.serve_subcommand()
@@ -173,18 +175,16 @@ def run(launch: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def _cores_alive() -> bool:
-    import multiprocessing  # noqa: PLC0415
-
     return any(p.name.startswith("EngineCore") for p in multiprocessing.active_children())
 
 
-def take_over() -> None:
+def take_over(settings: Any) -> None:
     """Make the gRPC launcher's ``serve_grpc`` (looked up when the launcher calls it, from its
-    module or from ``__main__``) serve this lane and exit with its code: no AsyncLLM is built."""
-    from smg_servicer_vllm import releases  # noqa: PLC0415
+    module or from ``__main__``) serve this lane and exit with its code: no AsyncLLM is built.
+    ``settings``: what the plugin's parse of the launcher's command line resolved."""
 
     async def serve_grpc(args: argparse.Namespace) -> None:
-        raise SystemExit(run(args))
+        raise SystemExit(run(args, settings))
 
     modules = [importlib.import_module(releases.launcher_module()), sys.modules.get("__main__")]
     for module in modules:

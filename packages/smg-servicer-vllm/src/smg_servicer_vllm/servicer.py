@@ -155,6 +155,22 @@ class _Choice:
     done: bool = False
 
 
+@dataclass
+class _Progress:
+    """How far a Generate got: whether vLLM was handed the request (its ``generate()``
+    started) and the stage of the engine's errors (``building_request`` until vLLM accepts it)."""
+
+    entered: bool = False
+    stage: Translated | None = None
+
+    def taken(self, exc: BaseException) -> bool:
+        """Whether the engine took the request that ``exc`` ends: a cancel while vLLM holds it
+        aborts it there, which the KV connector hears; otherwise once vLLM accepted it."""
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            return self.entered
+        return self.stage is not None and not self.stage.building_request
+
+
 class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer):
     wire = pb
     wire_grpc = vllm_engine_pb2_grpc
@@ -284,6 +300,43 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self.multimodal.release(request)  # the grid tensors' shared memory: nothing reads it
         return _engine.tokens_prompt(ids, text, cache_salt=salt)
 
+    def _checked(
+        self, request: pb.GenerateRequest, kv: dict[str, Any] | None
+    ) -> tuple[Any, SamplingSpec, Any]:
+        """Every check of a request, before anything else: its prompt (:meth:`_prompt`), its
+        sampling spec and vLLM's sampling parameters. A refused request's unread shared-memory
+        tensors are freed."""
+        prompt = self._prompt(request, kv)
+        try:
+            spec = to_sampling_spec(request.sampling_params)
+            with translated(building_request=True):
+                params = _engine.sampling_params(spec, stream=request.stream, kv_transfer=kv)
+        except InvalidRequest:
+            self.multimodal.release(request)  # refused: nobody reads its tensors now
+            raise
+        return prompt, spec, params
+
+    async def _engine_input(
+        self, request: pb.GenerateRequest, prompt: Any, kv: dict[str, Any] | None, handle: Any
+    ) -> tuple[Any, pb.MediaIdentity | None]:
+        """vLLM's input of a checked prompt, while the request is tracked (``handle``: an Abort
+        or a cancel stops the work): a :class:`MediaPlan`'s media fetched and processed or its
+        tensors read, with the media's identity for the decode side when a prefill/decode
+        split's prefill side asks for it (``do_remote_decode``)."""
+        if not isinstance(prompt, MediaPlan):
+            return prompt, None
+        engine_input = await _unless_stopped(self.multimodal.engine_input(prompt), handle)
+        identity = None
+        if prompt.items and kv is not None and kv.get("do_remote_decode"):
+            identity = _identity(request.request_id, engine_input)
+        return engine_input, identity
+
+    def _owes_notice(self, kv: dict[str, Any] | None) -> bool:
+        """Whether the KV connector must hear of a request that asks for a remote prefill and
+        fails before the engine took it (:mod:`.kv_transfer`)."""
+        config = getattr(self.engine.vllm_config, "kv_transfer_config", None)
+        return kv is not None and kv_transfer.owes_rejection_notice(config, kv)
+
     @grpc_errors
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
@@ -293,45 +346,24 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         to the KV connector, which would otherwise keep the prefill worker's blocks pinned
         (:mod:`.kv_transfer`)."""
         kv = kv_transfer_params(request)  # an invalid one is refused with nothing to report
-        config = getattr(self.engine.vllm_config, "kv_transfer_config", None)
-        owed = kv is not None and kv_transfer.owes_rejection_notice(config, kv)
+        owed = self._owes_notice(kv)
         rank = request.data_parallel_rank if request.HasField("data_parallel_rank") else None
-        entered = False  # vLLM was handed the request (its generate() started)
-        stage: Translated | None = None  # building_request until vLLM accepts the request
+        progress = _Progress()
         try:
-            # Media are fetched and tensors built while the request is tracked, so that an Abort
-            # or a cancel during that work stops it; every check comes before anything else.
-            prompt = self._prompt(request, kv)
-            try:
-                spec = to_sampling_spec(request.sampling_params)
-                with translated(building_request=True):
-                    params = _engine.sampling_params(spec, stream=request.stream, kv_transfer=kv)
-            except InvalidRequest:
-                self.multimodal.release(request)  # refused: nobody reads its tensors now
-                raise
+            prompt, spec, params = self._checked(request, kv)
             choices: dict[int, _Choice] = {}
-            identity: pb.MediaIdentity | None = None
+            # Media are fetched and tensors built while the request is tracked, so that an Abort
+            # or a cancel during that work stops it.
             async with self.registry.track(request.request_id) as handle:
-                if isinstance(prompt, MediaPlan):
-                    plan = prompt
-                    prompt = await _unless_stopped(self.multimodal.engine_input(plan), handle)
-                    if plan.items and kv is not None and kv.get("do_remote_decode"):
-                        identity = _identity(request.request_id, prompt)
-                stream = self.engine.generate(
-                    prompt,
-                    params,
-                    request.request_id,
-                    tokenization_kwargs=spec.tokenization,
-                    trace_headers=trace_headers(context),
-                    data_parallel_rank=rank,
-                )
+                prompt, identity = await self._engine_input(request, prompt, kv, handle)
+                stream = self._engine_stream(request, context, prompt, params, spec=spec, rank=rank)
                 # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended,
                 # so vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
-                with translated() as stage:
+                with translated() as progress.stage:
                     async with contextlib.aclosing(stream):
-                        entered = True
+                        progress.entered = True
                         async for output in stream:
-                            stage.building_request = False  # vLLM accepted the request
+                            progress.stage.building_request = False  # vLLM accepted the request
                             for response in self._responses(
                                 output, request.stream, spec, choices, identity
                             ):
@@ -339,13 +371,29 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
                 if handle.aborted and not all(c.done for c in choices.values()):
                     raise Aborted(f"request {request.request_id} was aborted")
         except BaseException as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError | GeneratorExit)
-            # A cancel while vLLM holds the request aborts it there, which the connector hears.
-            accepted = stage is not None and not stage.building_request
-            taken = entered if cancelled else accepted
-            if owed and kv is not None and not taken:
+            if owed and kv is not None and not progress.taken(exc):
                 self._notify_rejected(request.request_id, kv, rank)
             raise
+
+    def _engine_stream(
+        self,
+        request: pb.GenerateRequest,
+        context: Context,
+        prompt: Any,
+        params: Any,
+        *,
+        spec: SamplingSpec,
+        rank: int | None,
+    ) -> Any:
+        """vLLM's ``generate()`` of the request (an async generator, not yet started)."""
+        return self.engine.generate(
+            prompt,
+            params,
+            request.request_id,
+            tokenization_kwargs=spec.tokenization,
+            trace_headers=trace_headers(context),
+            data_parallel_rank=rank,
+        )
 
     def _notify_rejected(self, rid: str, kv: dict[str, Any], rank: int | None) -> None:
         notify = releases.rejection_notice(self.engine)

@@ -22,7 +22,8 @@ from smg_servicer_vllm.testing.fake_llm import FakeAsyncLLM
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from smg_servicer_vllm.servicer import SERVICE_NAME, VllmEngineServicer  # noqa: PLC0415
+    # The servicer builds vLLM's SamplingParams: vLLM is imported when serving, not for --help.
+    from smg_servicer_vllm.servicer import SERVICE_NAME, VllmEngineServicer  # noqa: PLC0415 - vLLM
 
     configure_logging("warning")
     kv_events = (args.kv_endpoint, args.kv_replay_endpoint) if args.kv_endpoint else None

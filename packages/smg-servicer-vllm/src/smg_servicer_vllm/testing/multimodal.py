@@ -18,7 +18,7 @@ MAX_TOKENS = 8
 
 def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
     """Chat prompts with zero, one and two ``<image>`` anchors, plus the image token ids."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers, an engine dependency
 
     tokenizer = cast(Any, AutoTokenizer).from_pretrained(str(tiny_vlm))
 
@@ -36,7 +36,7 @@ def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
 
 
 def pil(content: bytes) -> Any:
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415 - PIL, an engine dependency
 
     return Image.open(io.BytesIO(content)).convert("RGB")
 
@@ -45,7 +45,7 @@ async def reference(
     llm: Any, ids: list[int], images: list[bytes], max_tokens: int = MAX_TOKENS
 ) -> tuple[list[int], int]:
     """vLLM in-process, the same PIL images, no servicer: (greedy ids, prompt length)."""
-    from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM only for the reference
+    from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM, only for the reference
 
     data = [pil(i) for i in images]
     prompt = {
