@@ -1,6 +1,8 @@
 """A cancel storm on the real engines: 1,000 requests (``SMG_STORM_REQUESTS``), 32 at a time, each
 ended at a random point by the Abort RPC, a client cancel or a deadline. Afterwards the servicer
-tracks 0 requests, the engine holds 0, ``active_requests`` is 0, and its log has no traceback.
+tracks 0 requests, the engine holds 0, ``active_requests`` is 0, the engine makes no more tokens
+(vLLM: its own ``vllm:generation_tokens_total`` stands still; its front end's count of unfinished
+requests is not the engine core's), and its log has no traceback.
 
 Memory: a leak grows with every request, a cache fills once. So the storm runs three times: after
 the first the worker's RSS (its whole process tree) may have grown by :data:`FILL_BOUND` (allocator
@@ -103,6 +105,7 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     outcomes += await storm(shared, REQUESTS, SEED + 3)
     left_third = shared.wait_idle()
     rss_third = shared.tree_rss()
+    still = shared.engine_tokens_stand_still()
     tracebacks = shared.tracebacks()
     bad = {k: v for k, v in outcomes.items() if k[1] not in ENDINGS}
     record(
@@ -123,6 +126,7 @@ async def test_a_cancel_storm_leaves_nothing_behind(shared: Target) -> None:
     )
     assert left_again == (0, 0, 0), f"left after the second storm: {left_again}"
     assert left_third == (0, 0, 0), f"left after the third storm: {left_third}"
+    assert still, f"{shared.engine}'s engine kept making tokens after the storms"
     assert rss_after <= rss_before * (1 + FILL_BOUND), (
         f"RSS {rss_before >> 20} -> {rss_after >> 20} MiB"
     )

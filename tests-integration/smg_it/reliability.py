@@ -130,6 +130,18 @@ class Target:
         )
         return servicer, engine
 
+    def engine_tokens_stand_still(self, settle_s: float = 1.0) -> bool:
+        """Whether the engine has stopped making tokens: vLLM's own token counter
+        (``vllm:generation_tokens_total``, counted in its engine core's step outputs) reads the
+        same twice ``settle_s`` apart. Engines without their own counter on ``/metrics`` answer
+        True: their load gauges (:meth:`in_flight`) are already the engine's own counts."""
+        if self.engine != "vllm":
+            return True
+        name = "vllm:generation_tokens_total"
+        first = total(scrape(self.metrics_port), name)
+        time.sleep(settle_s)
+        return first > 0 and total(scrape(self.metrics_port), name) == first
+
     def wait_idle(self, timeout_s: float = 30.0) -> tuple[float, float, int]:
         """(servicer, engine, ``active_requests``) once all three are 0, or as they are when
         ``timeout_s`` runs out (an engine finishes its abort a step later)."""
@@ -167,7 +179,8 @@ def running(engine: Wire, model: Path, mlx_fault: Path | None = None) -> Iterato
     (``mlx_fault``: an MLX worker whose engine dies once that file exists,
     :mod:`smg_it.mlx_dying_engine`)."""
     port, metrics_port = free_port(), free_port()
-    worker = metered_worker(engine, model, port, metrics_port)
+    # vLLM's own stats on: its engine core's counts (GetLoads, vllm:*), not only its front end's.
+    worker = metered_worker(engine, model, port, metrics_port, engine_stats=engine == "vllm")
     if mlx_fault is not None:
         assert engine == "mlx", engine
         with_dying_engine(worker.cmd, worker.env, mlx_fault)
