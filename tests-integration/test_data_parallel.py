@@ -235,8 +235,8 @@ def _holds(tokens: Sequence[int], prompt: Sequence[int]) -> bool:
 
 
 async def _kv_events_per_rank(engine: Wire, port: int) -> list[common_pb2.KvEventBatch]:
-    """One subscription; a prompt pinned to rank 1, then another to rank 0: the batches until
-    both ranks have stored their prompt's blocks."""
+    """One subscription; a prompt pinned to rank 1 (twice), then another to rank 0 (twice): the
+    batches until both ranks have stored their prompt's blocks."""
     batches: list[common_pb2.KvEventBatch] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = STUBS[engine](channel)
@@ -252,8 +252,13 @@ async def _kv_events_per_rank(engine: Wire, port: int) -> list[common_pb2.KvEven
         reader = asyncio.create_task(read())
         try:
             await asyncio.sleep(0.5)  # the relay's SUB sockets join the publishers
-            await _run_pinned(stub, engine, PROMPTS["rank 1"], 1)
-            await _run_pinned(stub, engine, PROMPTS["rank 0"], 0)
+            # Each prompt twice in a row: were the pin dropped, no balancing policy puts both
+            # copies of each on its rank (round robin splits them, least-loaded or random send
+            # the rank-1 prompt to rank 0 at least once), so the check below cannot pass by
+            # chance (random: 1 in 16).
+            for prompt, rank in ((PROMPTS["rank 1"], 1), (PROMPTS["rank 0"], 0)):
+                for _ in range(2):
+                    await _run_pinned(stub, engine, prompt, rank)
             deadline = time.monotonic() + 20
             while not all(_stored_tokens(batches, rank) for rank in (0, 1)):
                 assert time.monotonic() < deadline, [(b.dp_rank, len(b.events)) for b in batches]
