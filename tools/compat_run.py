@@ -81,6 +81,7 @@ def run(compat: CompatEnv) -> int:
     if built.returncode:
         return built.returncode
     command, paths = gate_command(compat.like, compat.env)
+    command = [*command, *compat.args]
     run_id = f"compat-{compat.env}-{os.getpid()}-{time.time_ns()}"
     tested_revision = revision()  # the checkout as the run starts
     started = time.monotonic()

@@ -90,22 +90,25 @@ def declared(path: Path = ENV_LIST) -> list[EnvRelease]:
 
 @dataclass(frozen=True)
 class CompatEnv:
-    """One ``compat ENV LIKE INSTALL`` line: environment ``env`` holds another release of what
-    gate environment ``like`` holds (its ``release`` line says which) and runs ``like``'s command
-    and job paths; ``install`` builds it (``install VERSION VENV``)."""
+    """One ``compat ENV LIKE INSTALL [PYTEST-ARG...]`` line: environment ``env`` holds another
+    release of what gate environment ``like`` holds (its ``release`` line says which) and runs
+    ``like``'s command and job paths, with ``args`` added (what that release cannot run here,
+    left out by name; its release line says why); ``install`` builds it (``install VERSION
+    VENV``)."""
 
     env: str
     like: str
     install: str
+    args: tuple[str, ...] = ()
 
 
 def compat_envs(path: Path = ENV_LIST) -> list[CompatEnv]:
     """Every ``compat`` line of ``tools/envs/list``, in order."""
     found: list[CompatEnv] = []
     for line, words in _lines(path, "compat"):
-        if len(words) != 4:
+        if len(words) < 4:
             raise ValueError(f"{path}: a compat line is `compat ENV LIKE INSTALL`: {line}")
-        found.append(CompatEnv(words[1], words[2], words[3]))
+        found.append(CompatEnv(words[1], words[2], words[3], tuple(words[4:])))
     return found
 
 
