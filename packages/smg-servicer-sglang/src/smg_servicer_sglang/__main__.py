@@ -2,7 +2,8 @@
 SGLang's launcher.
 
 The servicer's own flags come first and are taken out (``--grace-period``, ``--metrics-port``,
-``--metrics-host``; each also read from its variable, see ``server.servicer_settings``);
+``--metrics-host``, ``--servicer-impl``, ``--shutdown-margin``, ``--lora-allowed-dirs``; each also
+read from its variable, see ``server.servicer_settings``);
 everything else is exactly the flags of ``sglang serve`` (``--model-path``, ``--host``,
 ``--port``, ...). It serves ``SglangScheduler`` on ``--host:--port``, like
 ``sglang serve --smg-grpc-mode`` minus SGLang's HTTP sidecar. ``--help`` prints both sets.

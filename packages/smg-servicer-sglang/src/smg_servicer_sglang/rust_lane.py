@@ -3,8 +3,8 @@
 thread, talking to SGLang's own scheduler over the msgpack ZMQ wire; Python runs only the
 lifecycle.
 
-Selected by ``--servicer-impl rust`` on ``python -m smg_grpc_servicer.sglang``, else by
-``SMG_SGLANG_SERVICER_IMPL`` (the one way under ``sglang serve --grpc-mode``, whose parser is
+Selected by ``--servicer-impl rust`` on ``python -m smg_servicer_sglang``, else by
+``SMG_SGLANG_SERVICER_IMPL`` (the one way under ``sglang serve --smg-grpc-mode``, whose parser is
 SGLang's), else ``python``; the choice and where it came from are logged. With ``rust``:
 
 - SGLang's scheduler ranks start as on the router's ZMQ lane (:mod:`.headless`: SGLang's own
@@ -18,9 +18,10 @@ SGLang's), else ``python``; the choice and where it came from are logged. With `
 - the server is built with exactly the keywords the installed binding accepts.
 
 Not on this lane (exit 2, one line): TLS, the servicer's metrics port (``smg`` 1.13's binding
-takes neither), data parallelism and prefill/decode roles (SGLang's ZMQ wire serves neither), a
-missing binding. Under ``sglang serve --grpc-mode`` SGLang's HTTP sidecar is not started (it
-needs the Python request manager).
+takes neither), data parallelism and prefill/decode roles (SGLang's ZMQ wire serves neither),
+``--enable-lora`` (refused by :mod:`.headless`, as on the ZMQ lane), a missing binding. Under
+``sglang serve --smg-grpc-mode`` SGLang's HTTP sidecar is not started (it needs the Python
+request manager).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from smg_servicer_core.tls import TLS_SETTINGS
 logger = logging.getLogger(__name__)
 
 SERVICER_IMPL = lane.impl_setting(
-    "sglang", "no --metrics-port, TLS, data parallelism or prefill/decode roles there"
+    "sglang", "no --metrics-port, TLS, data parallelism, prefill/decode roles or LoRA there"
 )
 DRAIN = lane.drain_setting("sglang")
 INSTALL = "pip install 'smg-servicer-sglang[rust]'"
