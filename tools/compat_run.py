@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests-integration"
 from smg_it.compat import COMMITTED, ENV_LIST, RESULTS, RUN_ID, CompatEnv, compat_envs, declared
 from smg_it.compat import committed_record as record_of
 from smg_it.paths import REPO
+from smg_it.provenance import machine, revision
 
 
 def gate_command(like: str, env: str) -> tuple[list[str], list[str]]:
@@ -53,24 +53,6 @@ def release_of(env: str) -> tuple[str, str]:
     if len(lines) != 1:
         raise SystemExit(f"tools/envs/list: {env} needs exactly one release line")
     return lines[0].dist, lines[0].version
-
-
-def machine() -> str:
-    cpu = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
-                 if ln.startswith("model name")]  # fmt: skip
-        cpu = names[0] if names else ""
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs {cpu}".strip()
-
-
-def revision() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                          capture_output=True, check=False).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           text=True, capture_output=True, check=False).stdout.strip()  # fmt: skip
-    return f"{head}{' (uncommitted changes)' if dirty else ''}"
 
 
 def run(compat: CompatEnv) -> int:
