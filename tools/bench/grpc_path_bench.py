@@ -31,7 +31,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from smg_bench import client_cpus_beside, cpu_list, measure, spread  # beside this script
+from smg_bench import (
+    client_cpus_beside,
+    cpu_list,
+    measure,
+    spread,
+    spread_text,
+)  # beside this script
 
 VARIANTS = (
     "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
@@ -137,6 +143,25 @@ def summary(variant: str, rounds: list[dict[str, dict[str, Any]]]) -> dict[str, 
     if ratios:
         result.update(spread(ratios, "ratio_to_generator_median"))
     return result
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """A recorded run as ``tools/bench/README.md`` shows it (``tools/bench/summarize.py``),
+    computed from its measurements: per variant, server CPU per 1,000 tokens (median of the
+    rounds) and its ratio to ``generator``'s (median, range)."""
+    measured = [r for r in rows if "summary" not in r and "label" in r]
+    variants = list(dict.fromkeys(r["label"] for r in measured))
+    per = {v: [r for r in measured if r["label"] == v] for v in variants}
+    rounds = [{v: per[v][i] for v in variants} for i in range(min(len(p) for p in per.values()))]
+    lines = [
+        "| variant | server CPU ms per 1k tokens | over `generator` |",
+        "|---|---|---|",
+    ]
+    for variant in variants:
+        got = summary(variant, rounds)
+        ratio = spread_text(got, "ratio_to_generator_median") if got["rounds_measured"] else "-"
+        lines.append(f"| {variant} | {got['server_cpu_ms_per_1k_tokens_median']:.1f} | {ratio} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:

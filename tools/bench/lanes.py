@@ -315,23 +315,35 @@ def idle_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| arm | " + " | ".join(_IDLE) + " |", "|" + "---|" * (len(_IDLE) + 1)]
     for arm in sorted({r["arm"] for r in rows}):
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["round"])
-        cells = [", ".join(f"{r[key]:g}" for r in mine) for key in _IDLE]
+        cells = [", ".join(fig(r[key]) for r in mine) for key in _IDLE]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def fig(value: float) -> str:
+    """A figure as the tables print it: whole numbers from 100 up, three significant digits
+    below (``3312``, ``12.7``, ``0.345``, ``5``)."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+#: The load table's columns: (heading, the row's key).
+_COLUMNS = (
+    ("tokens/s", "output_tokens_per_s"),
+    ("TTFT p50 ms", "ttft_ms_p50"),
+    ("TTFT p99 ms", "ttft_ms_p99"),
+    ("ITL p50 ms", "itl_ms_p50"),
+    ("ITL p99 ms", "itl_ms_p99"),
+    ("router µs/tok", "router_cpu_us_per_token"),
+    ("front end µs/tok", "front_end_cpu_us_per_token"),
+    ("engine µs/tok", "engine_cpu_us_per_token"),
+)
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    keys = [
-        "output_tokens_per_s",
-        "ttft_ms_p50",
-        "ttft_ms_p99",
-        "itl_ms_p50",
-        "itl_ms_p99",
-        "router_cpu_us_per_token",
-        "front_end_cpu_us_per_token",
-        "engine_cpu_us_per_token",
-    ]
-    lines = ["| arm | conc | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    """Per arm and concurrency, each figure's median over the rounds and its range."""
+    keys = [key for _, key in _COLUMNS]
+    heads = [head for head, _ in _COLUMNS]
+    lines = ["| arm | conc | " + " | ".join(heads) + " |", "|" + "---|" * (len(keys) + 2)]
     cells = sorted({(r["arm"], r["concurrency"]) for r in rows}, key=lambda c: (c[1], c[0]))
     for arm, conc in cells:
         mine = [r for r in rows if (r["arm"], r["concurrency"]) == (arm, conc)]
@@ -340,7 +352,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             values = [r[key] for r in mine if r.get(key) is not None]
             if not values:
                 return "-"
-            return f"{statistics.median(values):g} ({min(values):g}-{max(values):g})"
+            return f"{fig(statistics.median(values))} ({fig(min(values))}-{fig(max(values))})"
 
         lines.append(f"| {arm} | {conc} | " + " | ".join(fmt(k) for k in keys) + " |")
     return "\n".join(lines)
@@ -456,19 +468,36 @@ def measure(
         arm.stop()
 
 
-def report(rows: Sequence[dict[str, Any]], emit: Callable[[str], None]) -> None:
-    """The idle table, the load table, and the per-round ratios over the Python lane and over
-    the engine in-process (where the run has those arms)."""
+def sections(rows: Sequence[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
+    """A run's reading, in order: (what it is, its lines): the idle table, the load table, and
+    the per-round ratios over the Python lane and over the engine in-process (where the run has
+    those arms)."""
     idle_rows = [r for r in rows if "idle_s" in r]
     loaded = [r for r in rows if "idle_s" not in r]
     if idle_rows:
-        emit(idle_table(idle_rows))
+        yield "Idle, CPU milliseconds a second, per round:", [idle_table(idle_rows)]
     if loaded:
-        emit(table(loaded))
+        yield "Median over the rounds (range):", [table(loaded)]
     for baseline in ("python", "inprocess"):
         if any(r["arm"] == baseline for r in loaded):
-            for line in ratios(loaded, baseline):
-                emit(line)
+            yield f"Per round, each figure over the `{baseline}` arm's:", ratios(loaded, baseline)
+
+
+def report(rows: Sequence[dict[str, Any]], emit: Callable[[str], None]) -> None:
+    """The run's reading as plain lines (stderr after a run, ``--summarize``)."""
+    for _, lines in sections(rows):
+        for line in lines:
+            emit(line)
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The run's reading as ``tools/bench/README.md`` shows it (``tools/bench/summarize.py``):
+    each table under its title, the ratios as a list."""
+    parts = []
+    for title, lines in sections(rows):
+        body = lines[0] if lines[0].startswith("|") else "\n".join(f"- {ln}" for ln in lines)
+        parts.append(f"{title}\n\n{body}")
+    return "\n\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":

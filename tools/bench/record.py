@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     path = RESULTS / f"{args.name}.jsonl"
     lines = [header(args.name, command, started, time.monotonic() - at, rev), *rows]
     path.write_text("".join(json.dumps(row) + "\n" for row in lines))
-    print(f"record.py: {len(rows)} rows in {path.relative_to(REPO)}", file=sys.stderr)
+    print(f"record.py: {len(rows)} rows in {path}", file=sys.stderr)
     return 0
 
 

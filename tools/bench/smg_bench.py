@@ -293,6 +293,11 @@ def spread(ratios: list[float], median_key: str = "ratio_median") -> dict[str, f
     }
 
 
+def spread_text(got: dict[str, float], median_key: str = "ratio_median") -> str:
+    """A :func:`spread` as the README's tables print it: ``0.95 (0.85-1.46)``."""
+    return f"{got[median_key]:.2f} ({got['ratio_min']:.2f}-{got['ratio_max']:.2f})"
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 

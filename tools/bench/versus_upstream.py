@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_bench import client_cpus_beside, cpu_list, measure, spread  # beside this script
+from smg_bench import (
+    client_cpus_beside,
+    cpu_list,
+    measure,
+    spread,
+    spread_text,
+)  # beside this script
 from smg_servicer_core.testing.process import spawn_with_port_file
 
 #: The checkout's root: these scripts run from there (``python tools/...``).
@@ -144,6 +150,55 @@ def summary(workload: Workload, pairs: list[Pair]) -> dict[str, Any]:
             if any(p[index].get(key) is not None for p in pairs)
         }
     return result
+
+
+#: The markdown table's headings for the ratios (:data:`RATIOS`' keys).
+HEADINGS = {
+    "tokens_per_server_cpu_s": "tokens per server CPU-s",
+    "server_cpu_ms_per_1k_tokens": "server CPU per token",
+    "inter_chunk_ms_p99": "inter-chunk p99",
+    "tokens_per_message": "tokens per message",
+    "output_tokens_per_s": "tokens/s",
+}
+
+
+def pairs_of(rows: list[dict[str, Any]]) -> dict[str, list[Pair]]:
+    """A recorded run's measurements, per workload in the run's order: the n-th ``ours`` row
+    with the n-th ``upstream`` row (one round; the script prints both before the next round)."""
+    arms: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for row in rows:
+        if "workload" in row:
+            arms.setdefault(row["workload"], {"ours": [], "upstream": []})[row["arm"]].append(row)
+    return {
+        name: list(zip(got["ours"], got["upstream"], strict=True)) for name, got in arms.items()
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """A recorded run as ``tools/bench/README.md`` shows it (``tools/bench/summarize.py``),
+    computed from its measurements (not its ``summary`` lines): per workload, each figure ours
+    over the replaced implementation's, median of the rounds' ratios (range), then each arm's
+    median server CPU per 1,000 tokens."""
+    by_workload = pairs_of(rows)
+    keys = [key for key, _ in RATIOS]
+    lines = [
+        "| workload | rounds | " + " | ".join(HEADINGS[k] for k in keys) + " |",
+        "|" + "---|" * (len(keys) + 2),
+    ]
+    cpu = ["", "| workload | ours: server CPU ms per 1k tokens | replaced: server CPU ms per 1k "
+           "tokens |", "|---|---|---|"]  # fmt: skip
+    for name, pairs in by_workload.items():
+        got = summary(Workload(name, 0, 0.0, 0), pairs)
+        cells = [spread_text(got[k]) if k in got else "-" for k in keys]
+        lines.append(f"| {name} | {got['rounds']} | " + " | ".join(cells) + " |")
+        medians = [
+            got[f"{arm}_median"].get("server_cpu_ms_per_1k_tokens") for arm in ("ours", "upstream")
+        ]
+        cpu.append(
+            f"| {name} | " + " | ".join("-" if m is None else f"{m:.1f}" for m in medians) + " |"
+        )
+    title = "Ours over the replaced implementation, median of the rounds' ratios (range):"
+    return "\n".join([title, "", *lines, *cpu]) + "\n"
 
 
 def parse_args() -> argparse.Namespace:
