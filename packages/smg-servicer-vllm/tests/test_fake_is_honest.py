@@ -92,3 +92,19 @@ async def test_loads_report_the_one_managed_rank_and_refuse_another(
         await stub.GetLoads(pb.GetLoadsRequest(dp_rank=3))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details() == "DP rank 3 is not managed by this engine"
+
+
+async def test_is_paused_follows_the_engines_own_pause(stack: tuple[Any, Any]) -> None:
+    """GetServerInfo's ``is_paused`` is the engine's: True after its own ``pause_generation``,
+    False again after ``resume_generation``, alike on the fake and on vLLM. The structured
+    outputs config runs no reasoning parser here: the grammar runs from the first token."""
+    servicer, stub = stack
+    before = await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert not before.is_paused
+    await servicer.engine.pause_generation(mode="keep", clear_cache=False)
+    try:
+        assert (await stub.GetServerInfo(pb.GetServerInfoRequest())).is_paused
+    finally:
+        await servicer.engine.resume_generation()
+    assert not (await stub.GetServerInfo(pb.GetServerInfoRequest())).is_paused
+    assert before.engine_reasoning_parser == ""

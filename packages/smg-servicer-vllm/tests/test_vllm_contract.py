@@ -136,3 +136,43 @@ async def test_a_closed_rpc_closes_generate_at_once() -> None:
     finally:
         if servicer.metrics_server is not None:
             servicer.metrics_server.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "want"),
+    [
+        (None, ("", "")),  # a vLLM without the structured outputs config: not said
+        ({"reasoning_parser": ""}, ("", "first_token")),
+        ({"reasoning_parser": "deepseek_r1"}, ("deepseek_r1", "after_reasoning")),
+        (
+            {"reasoning_parser": "deepseek_r1", "enable_in_reasoning": True},
+            ("deepseek_r1", "first_token"),
+        ),
+    ],
+)
+def test_reasoning_parser_and_grammar_start_come_from_the_engines_config(
+    config: dict[str, Any] | None, want: tuple[str, str]
+) -> None:
+    from types import SimpleNamespace
+
+    from smg_servicer_vllm import info
+
+    engine = FakeAsyncLLM()
+    if config is not None:
+        engine.vllm_config.structured_outputs_config = SimpleNamespace(**config)
+    got = info.server_info(engine, 0, 1.0)
+    assert (got.engine_reasoning_parser, got.constrained_decoding_start) == want
+
+
+async def test_an_engine_that_does_not_say_whether_it_is_paused_is_unavailable(
+    fake_stack: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from smg_servicer_vllm import info
+
+    servicer, stub = fake_stack
+    monkeypatch.setattr(info, "PAUSE_PROBE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(servicer.engine, "pause_probe_delay_s", 1.0)
+    with pytest.raises(grpc.aio.AioRpcError) as hung:
+        await stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert hung.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "whether it is paused" in (hung.value.details() or "")

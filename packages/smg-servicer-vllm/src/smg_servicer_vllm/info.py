@@ -8,13 +8,14 @@ proto default. Except a rank's load: ``GetLoads`` reports a DP rank only from st
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from smg_servicer_core.config import Setting, setting_value
-from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_core.errors import InvalidRequest, Unavailable
 from smg_servicer_core.facts import ModelFacts
 from smg_servicer_core.loads import LoadSnapshot
 from smg_servicer_core.metrics import EngineLoad, rank_loads
@@ -95,8 +96,42 @@ def _kv_transfer(vc: Any) -> tuple[str, str, str]:
     )
 
 
+#: How long ``GetServerInfo`` waits for the engine core to say whether it is paused.
+PAUSE_PROBE_TIMEOUT_S = 2.0
+
+
+async def is_paused(engine: Any) -> bool:
+    """The engine's own pause state (``AsyncLLM.is_paused``: ``pause_generation`` until
+    ``resume_generation``), asked of the engine core; False for an engine without one. An engine
+    core that does not answer within :data:`PAUSE_PROBE_TIMEOUT_S` is UNAVAILABLE, not
+    reported as serving."""
+    probe = getattr(engine, "is_paused", None)
+    if not callable(probe):
+        return False
+    try:
+        return bool(await asyncio.wait_for(probe(), PAUSE_PROBE_TIMEOUT_S))
+    except TimeoutError:
+        raise Unavailable(
+            f"the engine did not say within {PAUSE_PROBE_TIMEOUT_S:g} s whether it is paused"
+        ) from None
+
+
+def reasoning(vllm_config: Any) -> tuple[str, str]:
+    """(``engine_reasoning_parser``, ``constrained_decoding_start``) from the structured outputs
+    config: the parser's name ("" for none), and "after_reasoning" when a parser is set and
+    ``enable_in_reasoning`` is off (the grammar waits for the thought's end), "first_token"
+    otherwise; ("", "") when the config does not say (a vLLM without it)."""
+    so = _get(vllm_config, "structured_outputs_config")
+    if so is None or not hasattr(so, "reasoning_parser"):
+        return "", ""
+    parser = str(getattr(so, "reasoning_parser", "") or "")
+    waits = bool(parser) and not bool(getattr(so, "enable_in_reasoning", False))
+    return parser, "after_reasoning" if waits else "first_token"
+
+
 def server_info(engine: Any, active: int, uptime_s: float) -> pb.GetServerInfoResponse:
     vc = engine.vllm_config
+    parser, grammar_start = reasoning(vc)
     connector, role, engine_id = _kv_transfer(vc)
     dtype = str(_get(vc, "model_config", "dtype", default=""))
     encoder_dtype = dtype.removeprefix("torch.")
@@ -117,6 +152,8 @@ def server_info(engine: Any, active: int, uptime_s: float) -> pb.GetServerInfoRe
         multimodal_encoder_dtype=(
             encoder_dtype if encoder_dtype in ("float32", "float16", "bfloat16") else ""
         ),
+        engine_reasoning_parser=parser,
+        constrained_decoding_start=grammar_start,
     )
 
 

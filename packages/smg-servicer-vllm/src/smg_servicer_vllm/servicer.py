@@ -509,6 +509,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         self, request: pb.GetServerInfoRequest, context: Context
     ) -> pb.GetServerInfoResponse:
         response = info.server_info(self.engine, len(self.registry), self.uptime_s())
+        response.is_paused = await info.is_paused(self.engine)
         await self.multimodal.refresh()
         for name, value in self.multimodal.server_info().items():
             setattr(response, name, value)

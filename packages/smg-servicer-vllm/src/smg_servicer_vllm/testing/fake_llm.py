@@ -480,6 +480,23 @@ class FakeAsyncLLM:
     async def reset_prefix_cache(self, *_: Any) -> bool:
         return self.flush_succeeds
 
+    # vLLM's pause API (AsyncLLM.pause_generation / resume_generation / is_paused, 0.27+): the
+    # state only; a paused fake still steps (what pausing does to requests is vLLM's).
+    paused: bool = False
+    #: Fault injection: how long ``is_paused`` takes to answer (an engine core that hangs).
+    pause_probe_delay_s: float = 0.0
+
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        self.paused = True
+
+    async def resume_generation(self) -> None:
+        self.paused = False
+
+    async def is_paused(self) -> bool:
+        if self.pause_probe_delay_s:
+            await asyncio.sleep(self.pause_probe_delay_s)
+        return self.paused
+
     async def start_profile(self) -> None:
         return None
 
