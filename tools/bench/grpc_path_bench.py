@@ -31,13 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from smg_bench import (
-    client_cpus_beside,
-    cpu_list,
-    measure,
-    spread,
-    spread_text,
-)  # beside this script
+import smg_bench  # beside this script
+from smg_bench import client_cpus_beside, cpu_list, measure, spread
 
 VARIANTS = (
     "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
@@ -159,7 +154,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for variant in variants:
         got = summary(variant, rounds)
-        ratio = spread_text(got, "ratio_to_generator_median") if got["rounds_measured"] else "-"
+        measured = got["rounds_measured"]
+        ratio = smg_bench.spread_text(got, "ratio_to_generator_median") if measured else "-"
         lines.append(f"| {variant} | {got['server_cpu_ms_per_1k_tokens_median']:.1f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
