@@ -154,8 +154,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for variant in variants:
         got = summary(variant, rounds)
-        measured = got["rounds_measured"]
-        ratio = smg_bench.spread_text(got, "ratio_to_generator_median") if measured else "-"
+        counted = got["rounds_measured"]
+        ratio = smg_bench.spread_text(got, "ratio_to_generator_median") if counted else "-"
         lines.append(f"| {variant} | {got['server_cpu_ms_per_1k_tokens_median']:.1f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
