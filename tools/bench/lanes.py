@@ -312,7 +312,8 @@ def idle(arm: Arm, seconds: float) -> dict[str, Any]:
 
 def idle_table(rows: Sequence[dict[str, Any]]) -> str:
     """Per arm, the idle figures of every round (in round order)."""
-    lines = ["| arm | " + " | ".join(_IDLE) + " |", "|" + "---|" * (len(_IDLE) + 1)]
+    heads = ("front end, each round", "engine, each round")
+    lines = ["| arm | " + " | ".join(heads) + " |", "|" + "---|" * (len(_IDLE) + 1)]
     for arm in sorted({r["arm"] for r in rows}):
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["round"])
         cells = [", ".join(fig(r[key]) for r in mine) for key in _IDLE]
