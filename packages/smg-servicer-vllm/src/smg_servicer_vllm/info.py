@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -105,8 +105,8 @@ async def is_paused(engine: Any) -> bool:
     ``resume_generation``), asked of the engine core; False for an engine without one. An engine
     core that does not answer within :data:`PAUSE_PROBE_TIMEOUT_S` is UNAVAILABLE, not
     reported as serving."""
-    probe = getattr(engine, "is_paused", None)
-    if not callable(probe):
+    probe: Callable[[], Awaitable[Any]] | None = getattr(engine, "is_paused", None)
+    if probe is None:
         return False
     try:
         return bool(await asyncio.wait_for(probe(), PAUSE_PROBE_TIMEOUT_S))
