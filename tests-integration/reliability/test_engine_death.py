@@ -111,6 +111,9 @@ async def test_engine_death_ends_every_stream_at_once(
         record(victim, death_exit=code, death_left=len(alive))
     assert {c for c, _ in endings} == {"UNAVAILABLE"}, endings
     assert detection <= DETECTION_BOUND_S, f"the streams ended {detection:.2f}s after the kill"
-    assert health in ("NOT_SERVING", "UNAVAILABLE"), health
+    # Not serving, in whichever form the dying worker gives it: NOT_SERVING while it still
+    # answers, UNAVAILABLE once it refuses, CANCELLED for a probe that lands while the server
+    # stops (an engine's death stops it with no grace: core's server.drain(0)). Never SERVING.
+    assert health in ("NOT_SERVING", "UNAVAILABLE", "CANCELLED"), health
     assert code == EXIT[victim], target.worker.log.read_text()[-3000:]
     assert not alive, f"left running: {[p.pid for p in alive]}"
