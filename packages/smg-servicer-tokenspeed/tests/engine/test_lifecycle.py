@@ -77,7 +77,7 @@ def test_failed_warm_up_stays_not_serving_then_a_crash_exits_1(
         assert code == 1, server.tail()
         # Seconds, not the 30 s the wait allows a hang: the crash is seen at once, and the exit
         # then tears down TokenSpeed's front end and the scheduler's tree (13.4 s once, in a gate
-        # whose other lane kept both cores busy; under 10 s alone).
+        # whose other lane kept both cores busy; under 10 s in the gates before).
         assert elapsed < 20, f"took {elapsed:.1f}s to exit"
         assert f"exited with code {CRASH_EXIT}" in server.tail()
         _, alive = psutil.wait_procs(everything, timeout=15)
