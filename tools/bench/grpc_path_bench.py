@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import smg_bench  # beside this script
-from smg_bench import client_cpus_beside, cpu_list, measure, spread
+# beside this script
+from smg_bench import client_cpus_beside, cpu_list, measure, spread, spread_text
 
 VARIANTS = (
     "generator", "write", "bytes", "generator-asyncio", "bdp-probe-off", "write-buffer-0",
@@ -155,7 +155,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for variant in variants:
         got = summary(variant, rounds)
         counted = got["rounds_measured"]
-        ratio = smg_bench.spread_text(got, "ratio_to_generator_median") if counted else "-"
+        ratio = spread_text(got, "ratio_to_generator_median") if counted else "-"
         lines.append(f"| {variant} | {got['server_cpu_ms_per_1k_tokens_median']:.1f} | {ratio} |")
     return "\n".join(lines) + "\n"
 

@@ -37,13 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_bench import (
-    client_cpus_beside,
-    cpu_list,
-    measure,
-    spread,
-    spread_text,
-)  # beside this script
+# beside this script
+from smg_bench import client_cpus_beside, cpu_list, measure, spread, spread_text
 from smg_servicer_core.testing.process import spawn_with_port_file
 
 #: The checkout's root: these scripts run from there (``python tools/...``).
