@@ -1,4 +1,5 @@
-"""``<engine>_router``: one worker of each engine behind the real router, per module that asks."""
+"""``<engine>_router``: one worker of each engine behind the real router, per module that asks,
+both tracing to the session's OTLP collector (``otlp_receiver``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,21 @@ from pathlib import Path
 import pytest
 
 from smg_it.harness import WORKERS, Router, Worker, deployment, free_port
+from smg_servicer_core.testing.otlp import OtlpReceiver
+
+
+@pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """One OTLP trace collector for the session, on loopback: every deployment's router and
+    worker send their spans to it."""
+    with OtlpReceiver() as receiver:
+        yield receiver
 
 
 def _deployed(engine: str) -> Callable[..., Iterator[tuple[Worker, Router]]]:
     @pytest.fixture(scope="module", name=f"{engine}_router")
-    def deployed(tiny_model: Path) -> Iterator[tuple[Worker, Router]]:
-        with deployment(engine, tiny_model) as pair:
+    def deployed(tiny_model: Path, otlp_receiver: OtlpReceiver) -> Iterator[tuple[Worker, Router]]:
+        with deployment(engine, tiny_model, traces=otlp_receiver.endpoint) as pair:
             yield pair
 
     return deployed

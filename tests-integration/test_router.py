@@ -11,7 +11,8 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +23,8 @@ import pytest
 from smg_it import dashboard
 from smg_it.harness import Worker, free_port
 from smg_servicer_core.testing.metrics import Samples, family_names, scrape, total
-from smg_servicer_core.testing.requests import STUBS, WIRES
+from smg_servicer_core.testing.otlp import OtlpReceiver, ReceivedSpan
+from smg_servicer_core.testing.requests import STUBS, WIRES, generate_request
 
 pytestmark = pytest.mark.integration
 
@@ -152,6 +154,58 @@ def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:
         made = total(scrape(worker.metrics_port), generated) - before
         time.sleep(1.0)
         assert 0 < total(scrape(worker.metrics_port), generated) - before == made < 450
+
+
+def test_one_trace_from_the_client_through_the_router_to_the_worker(
+    deployment, otlp_receiver: OtlpReceiver
+) -> None:
+    """A completion sent with W3C trace context makes one trace: the router's ``http_request``
+    (a child of the client's span), its ``grpc_execute``, and the worker's ``llm_request`` (a
+    child of ``grpc_execute``: the router's context went through gRPC metadata, and the worker
+    continued it), whose token counts are the response's. A ``Generate`` sent straight to the
+    worker with no trace context makes no worker span, except on vLLM, whose own tracing makes a
+    root span for every request."""
+    engine, worker, router = deployment
+    trace_id, client_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    untraced = f"untraced-{trace_id}"
+    with grpc.insecure_channel(worker.url.removeprefix("grpc://")) as channel:
+        request = generate_request(engine, [5, 6, 7], max_tokens=2, request_id=untraced)
+        assert list(STUBS[engine](channel).Generate(request, timeout=120))
+    response = httpx.post(
+        router.base + "/v1/completions",
+        json={"model": _model(router), "prompt": "hello there", "max_tokens": 4},
+        headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+
+    def named(name: str) -> Callable[[ReceivedSpan], bool]:
+        return lambda s: s.trace_id == trace_id and s.name == name
+
+    http = otlp_receiver.wait_for(named("http_request"))
+    execute = otlp_receiver.wait_for(named("grpc_execute"))
+    span = otlp_receiver.wait_for(named("llm_request"))
+    assert (http.service, http.parent_span_id) == ("smg", client_span)
+    assert execute.parent_span_id == http.span_id
+    assert (span.parent_span_id, span.kind) == (execute.span_id, 2)  # SERVER
+    assert span.service != "smg"
+    assert span.attributes["gen_ai.usage.prompt_tokens"] == usage["prompt_tokens"]
+    assert span.attributes["gen_ai.usage.completion_tokens"] == usage["completion_tokens"]
+    assert str(span.attributes["gen_ai.request.id"]).startswith(execute.attributes["request_id"])
+    assert (
+        span.attributes["gen_ai.latency.e2e"]
+        >= span.attributes["gen_ai.latency.time_to_first_token"]
+        > 0
+    )
+    # The untraced call ended before the traced one: a span of it went out no later.
+    of_untraced = [
+        s for s in otlp_receiver.spans() if s.attributes.get("gen_ai.request.id") == untraced
+    ]
+    if engine == "vllm":
+        assert [(s.name, s.parent_span_id) for s in of_untraced] == [("llm_request", "")]
+    else:
+        assert of_untraced == []
 
 
 def test_every_metric_the_dashboard_queries_is_exported_by_a_live_worker(deployment) -> None:

@@ -27,6 +27,7 @@ from smg_servicer_core.testing.requests import SERVICES
 from smg_servicer_core.testing.router import Router
 
 __all__ = [
+    "TRACE_FLAGS",
     "WORKERS",
     "Router",
     "Worker",
@@ -205,12 +206,34 @@ def metered_worker(
     return worker
 
 
+#: engine -> the worker flags that send its request spans to an OTLP collector (the engine's own
+#: flags: vLLM's and SGLang's; our launchers' ``--otlp-traces-endpoint`` for MLX and TokenSpeed)
+TRACE_FLAGS: dict[str, Callable[[str], tuple[str, ...]]] = {
+    "mlx": lambda endpoint: ("--otlp-traces-endpoint", endpoint),
+    "vllm": lambda endpoint: ("--otlp-traces-endpoint", endpoint),
+    "sglang": lambda endpoint: ("--enable-trace", "--otlp-traces-endpoint", endpoint),
+    "tokenspeed": lambda endpoint: ("--otlp-traces-endpoint", endpoint),
+}
+#: Batched spans go out within this (ms) instead of OpenTelemetry's 5 s: tests wait on them.
+_SPAN_DELAY = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
 @contextmanager
-def deployment(engine: str, model: Path) -> Iterator[tuple[Worker, Router]]:
+def deployment(
+    engine: str, model: Path, traces: str | None = None
+) -> Iterator[tuple[Worker, Router]]:
     """A worker of ``engine`` on ``model`` (metered, the engine's own stats on:
-    :func:`metered_worker`) and the real router in front of it."""
-    with (
-        metered_worker(engine, model, free_port(), free_port(), engine_stats=True) as worker,
-        Router(worker.url) as router,
-    ):
+    :func:`metered_worker`) and the real router in front of it; ``traces``: an OTLP collector
+    (``host:port``) both send spans to (the router's ``--enable-trace``, the worker's
+    :data:`TRACE_FLAGS`)."""
+    worker_flags = TRACE_FLAGS[engine](traces) if traces else ()
+    router_flags = ("--enable-trace", "--otlp-traces-endpoint", traces) if traces else ()
+    worker = metered_worker(
+        engine, model, free_port(), free_port(), *worker_flags, engine_stats=True
+    )
+    router = Router(worker.url, *router_flags)
+    if traces:
+        worker.env.update(_SPAN_DELAY)
+        router.env.update(_SPAN_DELAY)
+    with worker, router:
         yield worker, router

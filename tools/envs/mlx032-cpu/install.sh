@@ -20,7 +20,7 @@ inputs=("$here/install.sh")
 for member in "${members[@]}"; do inputs+=("$root/packages/$member/pyproject.toml"); done
 env_stale mlx032-cpu "$venv" "${inputs[@]}"
 # The workspace packages editable with their dependencies, MLX held at the floor.
-uv pip install --quiet -e "$root/packages/smg-servicer-core[testing]" \
+uv pip install --quiet -e "$root/packages/smg-servicer-core[testing,tracing]" \
     -e "$root/packages/smg-servicer-mlx[mlx]" -e "$root/packages/smg-grpc-servicer" \
     -e "$root/packages/smg-servicer-kv-bridge" \
     "mlx[cpu]==0.32.0" "mlx-lm==0.32.0" "transformers==5.12.1" \

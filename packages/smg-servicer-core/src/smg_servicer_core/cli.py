@@ -9,8 +9,11 @@
 | ``--log-level`` | ``SMG_SERVICER_LOG_LEVEL`` | ``info`` | debug, info, warning, error |
 | ``--metrics-port`` | ``SMG_<ENGINE>_SERVICER_METRICS_PORT`` | off | ``/metrics`` port (0: free) |
 | ``--metrics-host`` | ``SMG_<ENGINE>_SERVICER_METRICS_HOST`` | ``0.0.0.0`` | ``/metrics`` address |
+| ``--otlp-traces-endpoint`` | ``SMG_<ENGINE>_SERVICER_OTLP_TRACES_ENDPOINT`` | off | spans (1) |
 | ``--shutdown-margin`` | ``SMG_SERVICER_SHUTDOWN_MARGIN_S`` | ``15`` | stop deadline - grace (s) |
 | ``--ssl-*`` | ``SMG_SERVICER_SSL_*`` | off | TLS, mutual TLS (:mod:`smg_servicer_core.tls`) |
+
+(1) request spans continuing the caller's trace, to an OTLP gRPC collector (:mod:`.tracing`).
 
 ``<ENGINE>`` is the launcher's engine (``MLX``, ``VLLM``, ``SGLANG``, ``TOKENSPEED``). A metrics
 port equal to the gRPC port is a configuration error (exit 2).
@@ -38,6 +41,7 @@ from smg_servicer_core.server import (
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
 from smg_servicer_core.tls import TLS_SETTINGS, ServerTls, load_server_tls
+from smg_servicer_core.tracing import Tracing, start_tracing, tracing_setting
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +124,14 @@ def metrics_settings(engine: str) -> tuple[Setting[Any], ...]:
 
 
 def server_settings(engine: str | None = None) -> tuple[Setting[Any], ...]:
-    return SERVER_SETTINGS + (metrics_settings(engine) if engine else ())
+    if not engine:
+        return SERVER_SETTINGS
+    return (*SERVER_SETTINGS, *metrics_settings(engine), tracing_setting(engine))
 
 
 def server_parser(engine: str | None = None) -> argparse.ArgumentParser:
-    """A parent parser (``add_help=False``) with the shared server flags (and the metrics
-    flags when ``engine`` names the launcher's engine)."""
+    """A parent parser (``add_help=False``) with the shared server flags (and the metrics and
+    tracing flags when ``engine`` names the launcher's engine)."""
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("server")
     for setting in server_settings(engine):
@@ -163,6 +169,11 @@ def start_metrics(
     metrics = ServicerMetrics()
     host, port = resolved["metrics_host"], resolved["metrics_port"]
     return metrics, MetricsServer(metrics, host, port, engine, tls)
+
+
+def tracing_from(resolved: ResolvedSettings, service_name: str) -> Tracing | None:
+    """Request spans when ``--otlp-traces-endpoint`` is set, else None (a missing SDK: exit 2)."""
+    return start_tracing(resolved.get("otlp_traces_endpoint", ""), service_name)
 
 
 def server_options(resolved: ResolvedSettings, tls: ServerTls | None = None) -> ServerOptions:
@@ -211,11 +222,15 @@ async def serve_servicer(
     *,
     resolved: ResolvedSettings,
     on_started: Callable[[int], None] | None = None,
+    tracing: Tracing | None = None,
 ) -> int:
     """``serve()`` for a launcher: ``/metrics`` when ``--metrics-port`` is set (the servicer
-    reports to it), the drain ending as soon as the servicer's registry is empty. A port that
-    cannot be bound gives exit 2, any other failure exit 1, the engine shut down either way."""
+    reports to it), request spans with ``tracing`` (default: ``--otlp-traces-endpoint``'s), the
+    drain ending as soon as the servicer's registry is empty. A port that cannot be bound or a
+    tracing SDK that is missing gives exit 2, any other failure exit 1, the engine shut down
+    either way."""
     try:
+        servicer.attach_tracing(tracing or tracing_from(resolved, servicer.service_name()))
         metrics = start_metrics(resolved, tls=options.tls)
         if metrics is not None:
             servicer.attach_metrics(metrics[0])
@@ -228,7 +243,7 @@ async def serve_servicer(
             in_flight=lambda: len(servicer.registry),
             metrics_server=metrics[1] if metrics else None,
         )
-    except ConfigError as exc:  # the port cannot be bound
+    except ConfigError as exc:  # the port cannot be bound, tracing cannot start
         logger.error("%s", exc)
         await engine.shutdown()
         return ExitCode.CONFIG

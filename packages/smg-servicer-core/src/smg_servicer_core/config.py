@@ -92,6 +92,11 @@ class ResolvedSettings:
     def __getitem__(self, name: str) -> Any:
         return self.values[name].value
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """The setting's value, or ``default`` when this set has no such setting."""
+        found = self.values.get(name)
+        return default if found is None else found.value
+
     def source(self, name: str) -> Source:
         return self.values[name].source
 

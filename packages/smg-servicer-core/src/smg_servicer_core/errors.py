@@ -278,6 +278,42 @@ def _ignore(code: str) -> None:
     """No observer: nothing to report."""
 
 
+#: The RPCs that get a request span when tracing is on (:mod:`smg_servicer_core.tracing`).
+_TRACED = frozenset({"Generate"})
+
+
+class _Both:
+    """The metrics' call and the trace's span of one stream, told the same things."""
+
+    __slots__ = ("done", "message")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        def message(item: Any) -> None:
+            first.message(item)
+            second.message(item)
+
+        def done(code: str) -> None:
+            first.done(code)
+            second.done(code)
+
+        self.message = message
+        self.done = done
+
+
+def _recorder(self: object, name: str, request: object, context: _Ctx) -> Any:
+    """What a stream reports to: the metrics' call (when the servicer has metrics), the request's
+    span (when tracing is on and the caller sent trace context), both, or None (nothing)."""
+    observer: _Observer | None = getattr(self, "metrics", None)
+    call = observer.call(name) if observer is not None else None
+    tracing: Any = getattr(self, "tracing", None)
+    if tracing is None or name not in _TRACED:
+        return call
+    span = tracing.start(request, context.invocation_metadata())
+    if span is None:
+        return call
+    return span if call is None else _Both(call, span)
+
+
 def _stream_wrapper(
     method: Callable[..., AsyncGenerator[Any, None]],
 ) -> Callable[..., AsyncIterator[Any]]:
@@ -285,8 +321,8 @@ def _stream_wrapper(
 
     @functools.wraps(method)
     async def stream_wrapper(self: object, request: object, context: _Ctx) -> AsyncIterator[Any]:
-        observer: _Observer | None = getattr(self, "metrics", None)
-        if observer is None:
+        call = _recorder(self, name, request, context)
+        if call is None:
             try:
                 if type(request) is MalformedRequest:
                     raise InvalidRequest(request.message)
@@ -298,7 +334,6 @@ def _stream_wrapper(
             except Exception as exc:
                 await abort_from(context, exc, rpc=name, request_id=_request_id_of(request))
             return
-        call = observer.call(name)
         message = call.message
         done = _first_only(call.done)
         code = "OK"

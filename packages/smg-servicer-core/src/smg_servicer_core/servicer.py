@@ -46,6 +46,7 @@ from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.registry import RequestRegistry
 from smg_servicer_core.server import ServiceBinding, bind_servicer
 from smg_servicer_core.tokenizer_bundle import TokenizerBundleCache
+from smg_servicer_core.tracing import Tracing
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -67,6 +68,8 @@ class EngineServicer(ABC):
         )
         self.bundles = TokenizerBundleCache()
         self.metrics: ServicerMetrics | None = None
+        #: Request spans (:mod:`.tracing`), when tracing is on: :meth:`attach_tracing`.
+        self.tracing: Tracing | None = None
         self.started = time.monotonic()
         self.started_wall = time.time()
         if metrics is not None:
@@ -85,6 +88,11 @@ class EngineServicer(ABC):
         self.metrics = metrics
         self.registry.on_stop = metrics.abort
         metrics.loads_source = self.engine_loads()
+
+    def attach_tracing(self, tracing: Tracing | None) -> None:
+        """Give every ``Generate`` that carries the caller's trace context a span
+        (:mod:`smg_servicer_core.tracing`); None: none."""
+        self.tracing = tracing
 
     def engine_loads(self) -> LoadsSource | None:
         """What ``/metrics`` shows as the engine's load (None: the engine reports none)."""

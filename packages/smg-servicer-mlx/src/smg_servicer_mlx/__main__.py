@@ -17,7 +17,9 @@ plus core's server flags (``--host``, ``--port``, ``--grace-period``, ``--max-me
 ``--log-level``, ``--shutdown-margin``, TLS: ``--ssl-certfile``, ``--ssl-keyfile``,
 ``--ssl-ca-certs``, ``--ssl-keyfile-password``, see ``smg_servicer_core.tls``) and metrics
 flags (``--metrics-port`` / ``SMG_MLX_SERVICER_METRICS_PORT``,
-``--metrics-host`` / ``SMG_MLX_SERVICER_METRICS_HOST``; off by default).
+``--metrics-host`` / ``SMG_MLX_SERVICER_METRICS_HOST``; off by default) and request spans that
+continue the router's trace (``--otlp-traces-endpoint`` / ``SMG_MLX_SERVICER_OTLP_TRACES_ENDPOINT``,
+an OTLP gRPC collector; off by default; ``smg_servicer_core.tracing``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from smg_servicer_core import hf_cache
-from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
+from smg_servicer_core.cli import (
+    resolve_server,
+    server_options,
+    server_parser,
+    start_metrics,
+    tracing_from,
+)
 from smg_servicer_core.config import Setting, at_least, environment, resolve
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.errors import ConfigError
@@ -124,6 +132,7 @@ async def _main(args: argparse.Namespace) -> int:
     configure_logging(server["log_level"])
     mlx = resolve(MLX_SETTINGS, args, environment())
     logger.info("settings: %s; %s", server.describe(), mlx.describe())
+    tracing = tracing_from(server, "smg-servicer-mlx")  # a missing SDK: exit 2, before the model
     model_dir = hf_cache.resolve_model(mlx["model"])
     info = read_model_info(model_dir, name=mlx["model"])
     try:  # the engine is imported only now, so --help works without MLX
@@ -142,6 +151,7 @@ async def _main(args: argparse.Namespace) -> int:
     health = HealthFrame(SERVICE_NAME)
     metrics = start_metrics(server, tls=options.tls)  # /metrics has the gRPC port's TLS
     servicer = MlxServicer(engine, health, metrics=metrics[0] if metrics else None)
+    servicer.attach_tracing(tracing)
     engine.start()
     return await serve(
         [servicer.binding()],

@@ -23,7 +23,9 @@ The servicer process takes the tokenizer manager's role:
    certificates required) and ``--ssl-keyfile-password`` make the gRPC port TLS-only (core's
    ``tls``; ``SMG_SERVICER_SSL_*`` when the flags are absent);
 8. ``/metrics`` when ``SMG_SGLANG_SERVICER_METRICS_PORT`` (or ``--metrics-port`` of
-   ``python -m smg_servicer_sglang``) is set.
+   ``python -m smg_servicer_sglang``) is set;
+9. SGLang's own ``--enable-trace`` / ``--otlp-traces-endpoint``: each ``Generate`` that carries
+   the router's trace context gets a span, a child of the router's (core's ``tracing``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
 from smg_servicer_core.tls import ServerTls, resolve_tls
+from smg_servicer_core.tracing import Tracing, start_tracing
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events, lora, rust_lane
@@ -264,6 +267,14 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
     )
 
 
+def traces_endpoint(server_args: Any) -> str:
+    """SGLang's own ``--enable-trace`` / ``--otlp-traces-endpoint``: where request spans go
+    (empty: tracing off)."""
+    if not getattr(server_args, "enable_trace", False):
+        return ""
+    return str(getattr(server_args, "otlp_traces_endpoint", "") or "")
+
+
 def resolve_settings(namespace: Any = None) -> ResolvedSettings:
     return resolve(servicer_settings(), namespace, environment())
 
@@ -288,6 +299,7 @@ async def run(
         logger.info(rust_lane.impl_line(own))
         # SGLang's own --ssl-* flags (ignored by SGLang in gRPC mode), else SMG_SERVICER_SSL_*.
         tls = resolve_tls(server_args, environment())
+        tracing = start_tracing(traces_endpoint(server_args), "smg-servicer-sglang")
     except ConfigError as exc:
         logger.error("invalid configuration: %s", exc)
         return ExitCode.CONFIG
@@ -296,7 +308,13 @@ async def run(
         if isinstance(started, int):
             return started
         return await _serve(
-            started, server_args, own, on_request_manager_ready, on_started, tls=tls
+            started,
+            server_args,
+            own,
+            on_request_manager_ready,
+            on_started,
+            tls=tls,
+            tracing=tracing,
         )
     finally:
         loop.remove_signal_handler(signal.SIGQUIT)
@@ -310,6 +328,7 @@ async def _serve(
     on_started: Callable[[int], None] | None,
     *,
     tls: ServerTls | None,
+    tracing: Tracing | None,
 ) -> int:
     servicer = schedulers.servicer
     if on_request_manager_ready is not None:
@@ -336,6 +355,7 @@ async def _serve(
         options,
         resolved=own,
         on_started=on_started,
+        tracing=tracing,
     )
 
 

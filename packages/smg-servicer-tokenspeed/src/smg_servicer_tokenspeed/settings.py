@@ -33,6 +33,7 @@ from smg_servicer_core.config import setting_value as value_of
 from smg_servicer_core.server import MiB
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
 from smg_servicer_core.tls import TLS_SETTINGS
+from smg_servicer_core.tracing import tracing_setting
 
 WARMUP = Setting(
     "warmup",
@@ -79,7 +80,8 @@ PAIRING_PROTOCOL = Setting(
 
 def servicer_settings() -> tuple[Setting[Any], ...]:
     """The servicer's own settings (TokenSpeed owns host, port, model and logging): the grace
-    period and shutdown margin, the metrics flags, the message-size limit, TLS (TokenSpeed
+    period and shutdown margin, the metrics flags, ``--otlp-traces-endpoint`` (request spans), the
+    message-size limit, TLS (TokenSpeed
     has no TLS flags of its own) and the implementation (``--servicer-impl``, with the Rust
     lane's drain)."""
     grace = next(s for s in SERVER_SETTINGS if s.name == "grace_period_s")
@@ -87,6 +89,7 @@ def servicer_settings() -> tuple[Setting[Any], ...]:
         grace,
         SHUTDOWN_MARGIN,
         *metrics_settings("tokenspeed"),
+        tracing_setting("tokenspeed"),
         MAX_MESSAGE_BYTES,
         *TLS_SETTINGS,
         SERVICER_IMPL,

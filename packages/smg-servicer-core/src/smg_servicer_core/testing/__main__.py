@@ -18,7 +18,13 @@ import sys
 from collections.abc import Generator
 from pathlib import Path
 
-from smg_servicer_core.cli import resolve_server, server_options, server_parser, start_metrics
+from smg_servicer_core.cli import (
+    resolve_server,
+    server_options,
+    server_parser,
+    start_metrics,
+    tracing_from,
+)
 from smg_servicer_core.config import environment
 from smg_servicer_core.entry import configure_logging, run_main
 from smg_servicer_core.health import HealthFrame
@@ -81,6 +87,7 @@ async def _main(args: argparse.Namespace) -> int:
         tokenizer_path=args.tokenizer_path,
         metrics=metrics[0] if metrics else None,
     )
+    servicer.attach_tracing(tracing_from(resolved, "smg-servicer-fake"))
 
     def announce(port: int) -> None:
         if args.port_file is not None:
