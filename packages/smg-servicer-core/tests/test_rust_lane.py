@@ -85,6 +85,8 @@ def test_tls_and_a_metrics_port_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"--metrics-port is not served .* exposes no metrics"):
         rust_lane.refuse_unserved(tls=False, metrics_port=9100)
     rust_lane.refuse_unserved(tls=False, metrics_port=None)
+    with pytest.raises(ConfigError, match=r"^--enable-trace is not served .* continue the router"):
+        rust_lane.refuse_unserved(tls=False, metrics_port=None, traces="--enable-trace")
 
 
 class _Server:

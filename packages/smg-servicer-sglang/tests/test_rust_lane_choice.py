@@ -48,8 +48,9 @@ def _settings(metrics_port: int | None = None) -> ResolvedSettings:
         ({}, _settings(9100), {}, "--metrics-port is not served"),
         ({"ssl_certfile": "/c.pem", "ssl_keyfile": "/k.pem"}, _settings(), {}, "TLS"),
         ({}, _settings(), {"SMG_SERVICER_SSL_CA_CERTS": "/ca.pem"}, "TLS"),
+        ({"enable_trace": True}, _settings(), {}, "--enable-trace is not served"),
     ],
-    ids=["metrics", "tls-flags", "tls-env"],
+    ids=["metrics", "tls-flags", "tls-env", "traces"],
 )
 def test_what_the_lane_cannot_serve_is_a_configuration_error(
     monkeypatch: pytest.MonkeyPatch,

@@ -81,9 +81,15 @@ def describe_impl(impl: str, source: str) -> str:
     return f"servicer implementation: {impl} ({source})"
 
 
-def refuse_unserved(*, tls: bool, metrics_port: int | None) -> None:
+def refuse_unserved(*, tls: bool, metrics_port: int | None, traces: str = "") -> None:
     """ConfigError for what a worker was asked that no engine's Rust lane serves: TLS, a metrics
-    port (``smg`` 1.13's binding takes neither)."""
+    port, request spans (``traces``: the flag that asked for them; ``smg`` 1.13's binding takes
+    none of them)."""
+    if traces:
+        raise ConfigError(
+            f"{traces} is not served by --servicer-impl rust (the smg binding does not continue "
+            "the router's trace)"
+        )
     if tls:
         raise ConfigError("TLS (--ssl-*) is not served by --servicer-impl rust")
     if metrics_port is not None:

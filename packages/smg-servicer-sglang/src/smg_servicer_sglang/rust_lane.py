@@ -17,8 +17,9 @@ SGLang's), else ``python``; the choice and where it came from are logged. With `
   sentinel, sent by the relay on its behalf): the open streams end with an error; exit 1;
 - the server is built with exactly the keywords the installed binding accepts.
 
-Not on this lane (exit 2, one line): TLS, the servicer's metrics port (``smg`` 1.13's binding
-takes neither), data parallelism and prefill/decode roles (SGLang's ZMQ wire serves neither),
+Not on this lane (exit 2, one line): TLS, the servicer's metrics port, ``--enable-trace`` (``smg``
+1.13's binding takes none of them), data parallelism and prefill/decode roles (SGLang's ZMQ wire
+serves neither),
 ``--enable-lora`` (refused by :mod:`.headless`, as on the ZMQ lane), a missing binding. Under
 ``sglang serve --smg-grpc-mode`` SGLang's HTTP sidecar is not started (it needs the Python
 request manager).
@@ -58,7 +59,8 @@ def refuse_unserved(server_args: Any, settings: ResolvedSettings) -> None:
     """ConfigError for what was asked of the servicer that this lane cannot do."""
     asked = resolve(TLS_SETTINGS, server_args, environment())
     tls = any(asked[setting.name] for setting in TLS_SETTINGS)
-    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"])
+    traces = "--enable-trace" if getattr(server_args, "enable_trace", False) else ""
+    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"], traces=traces)
 
 
 def server_keywords(

@@ -19,8 +19,9 @@ TokenSpeed's flags), else ``python``; the choice and where it came from are logg
   the model comes from the same facts as the Python servicer's (the scheduler's own start-up
   report is not known yet: the server is built first, since the ranks dial it while they start).
 
-Not on this lane (exit 2, one line): TLS, the servicer's metrics port (``smg`` 1.13's binding
-takes neither), attention data parallelism and prefill/decode/encode roles, a missing binding.
+Not on this lane (exit 2, one line): TLS, the servicer's metrics port, ``--otlp-traces-endpoint``
+(``smg`` 1.13's binding takes none of them), attention data parallelism and prefill/decode/encode
+roles, a missing binding.
 """
 
 # TokenSpeed ships no type information; its server arguments are read loosely on purpose.
@@ -57,7 +58,8 @@ impl_line = lane.impl_line
 def refuse_unserved(settings: ResolvedSettings) -> None:
     """ConfigError for what was asked of the servicer that this lane cannot do."""
     tls = any(settings[setting.name] for setting in TLS_SETTINGS)
-    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"])
+    traces = "--otlp-traces-endpoint" if settings.get("otlp_traces_endpoint") else ""
+    lane.refuse_unserved(tls=tls, metrics_port=settings["metrics_port"], traces=traces)
 
 
 def server_keywords(
