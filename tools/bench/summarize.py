@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc_path_bench
 import lanes
+import observability_cost
 import versus_upstream
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +47,7 @@ RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lanes.py": lanes.markdown,
     "versus_upstream.py": versus_upstream.markdown,
     "grpc_path_bench.py": grpc_path_bench.markdown,
+    "observability_cost.py": observability_cost.markdown,
 }
 
 #: A measured figure written by hand: a number with a unit of time, rate or share, a multiple

@@ -87,6 +87,21 @@ def test_the_grpc_path_reading_is_per_variant_over_the_generator() -> None:
     assert "| bytes | 65.0 | 0.65 (0.50-0.80) |" in text
 
 
+def test_the_observability_reading_is_each_arm_over_off_in_its_own_round() -> None:
+    costs = {"off": (1.0, 2.0), "metrics": (2.0, 3.0), "tracing, no context": (1.0, 2.0)}
+    costs |= {"tracing, traced": (3.0, 6.0), "both, traced": (4.0, 4.0)}
+    rows = [
+        {"round": r, "arm": arm, "us_per_token": pair[r], "tokens": 128}
+        for arm, pair in costs.items()
+        for r in (0, 1)
+    ]
+    text = summarize.observability_cost.markdown(rows)
+    assert "| `off` | 1.50 (1.00-2.00) | - | - |" in text
+    assert "| `metrics` | 2.50 (2.00-3.00) | 1.00 (1.00-1.00) | 1.75 (1.50-2.00) |" in text
+    assert "| `tracing, traced` | 4.50 (3.00-6.00) | 3.00 (2.00-4.00) | 3.00 (3.00-3.00) |" in text
+    assert "| `both, traced` | 4.00 (4.00-4.00) | 2.50 (2.00-3.00) | 3.00 (2.00-4.00) |" in text
+
+
 def test_record_keeps_the_json_lines_behind_a_header(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
