@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc.aio
 
-from smg_servicer_core import validate
+from smg_servicer_core import tracing, validate
 from smg_servicer_core.cli import metrics_settings, start_metrics
 from smg_servicer_core.config import environment, resolve
 from smg_servicer_core.errors import (
@@ -93,7 +93,6 @@ FLUSH_ATTEMPT_S = 30.0
 #: How often the launcher's death watch reads ``AsyncLLM.errored`` (a bool: nothing to pay).
 DEATH_POLL_S = 0.1
 PROFILE_TIMEOUT_S = 600.0
-TRACE_KEYS = ("traceparent", "tracestate")
 _METRICS = metrics_settings("vllm")
 
 
@@ -115,8 +114,8 @@ async def _unless_stopped(work: Coroutine[Any, Any, Any], handle: RequestHandle)
 
 
 def trace_headers(context: Context) -> dict[str, str] | None:
-    found = {str(k): str(v) for k, v in (context.invocation_metadata() or ()) if k in TRACE_KEYS}
-    return found or None
+    """The caller's W3C trace context, for vLLM's own tracing (``--otlp-traces-endpoint``)."""
+    return tracing.trace_headers(context.invocation_metadata())
 
 
 def _identity(request_id: str, engine_input: Any) -> pb.MediaIdentity | None:

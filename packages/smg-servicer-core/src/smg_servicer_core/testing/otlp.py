@@ -87,7 +87,8 @@ class OtlpReceiver:
         self._spans: deque[ReceivedSpan] = deque(maxlen=MAX_SPANS)
         self._changed = threading.Condition()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(self), self._server)
+        add: Any = trace_service_pb2_grpc.add_TraceServiceServicer_to_server  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        add(_Service(self), self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"127.0.0.1:{self.port}"
 
