@@ -301,14 +301,24 @@ def _workload(base: str, model: str) -> dict[str, int]:
     return done
 
 
-def _counted(port: int, workload: dict[str, int], before: Samples) -> dict[str, float]:
-    """Each of :data:`VLLM_COUNTERS`' change since ``before``, once they reach the workload
-    (vLLM records a step's stats just after handing out its outputs) or 10 s passed."""
+SGLANG_COUNTERS = (
+    ("sglang:num_requests_total", "requests"),
+    ("sglang:prompt_tokens_total", "prompt_tokens"),
+    ("sglang:generation_tokens_total", "completion_tokens"),
+    ("sglang:time_to_first_token_seconds_count", "requests"),
+)
+
+
+def _counted(
+    port: int, workload: dict[str, int], before: Samples, counters=VLLM_COUNTERS
+) -> dict[str, float]:
+    """Each of ``counters``' change since ``before``, once they reach the workload (vLLM records
+    a step's stats just after handing out its outputs) or 10 s passed."""
     deadline = time.monotonic() + 10
     while True:
         now = scrape(port)
-        moved = {name: total(now, name) - total(before, name) for name, _ in VLLM_COUNTERS}
-        if all(moved[n] >= workload[w] for n, w in VLLM_COUNTERS) or time.monotonic() > deadline:
+        moved = {name: total(now, name) - total(before, name) for name, _ in counters}
+        if all(moved[n] >= workload[w] for n, w in counters) or time.monotonic() > deadline:
             return moved
         time.sleep(0.1)
 
@@ -355,3 +365,49 @@ def test_vllms_metric_families_are_the_ones_its_http_server_exports(
         vllms = {name for name in family_names(port) if name.startswith("vllm:")}
     assert vllms, "vLLM's HTTP server exports vllm:* families"
     assert served == vllms
+
+
+def test_sglangs_own_metrics_count_a_workload_through_the_router(sglang_router) -> None:
+    """With SGLang's ``--enable-metrics``, ``--metrics-port`` serves SGLang's own families beside
+    the servicer's: the tokenizer manager's (whose role the servicer holds) move by exactly a
+    workload through the router, and the scheduler ranks' (written to SGLang's multi-process
+    folder) are there too."""
+    worker, router = sglang_router
+    before = scrape(worker.metrics_port)
+    workload = _workload(router.base, _model(router))
+    ours = _counted(worker.metrics_port, workload, before, SGLANG_COUNTERS)
+    assert ours == {name: workload[what] for name, what in SGLANG_COUNTERS}
+    families = family_names(worker.metrics_port)
+    assert {"sglang:num_running_reqs", "smg_servicer_rpc_requests"} <= families
+
+
+@contextmanager
+def _sglang_http_server(model: Path) -> Iterator[int]:
+    """SGLang's own OpenAI HTTP server on the same model and CPU flags, metrics on: its port."""
+    from smg_it.paths import sglang_python
+    from smg_servicer_sglang.testing import CPU_ENV, CPU_FLAGS
+
+    port = free_port()
+    cmd = [str(sglang_python()), "-m", "sglang.launch_server", "--model-path", str(model),
+           *CPU_FLAGS, "--enable-metrics", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with Worker(cmd, port, start_timeout_s=240, env=CPU_ENV):
+        yield port
+
+
+def test_sglangs_metric_families_are_the_ones_its_http_server_exports(
+    sglang_router, tiny_model
+) -> None:
+    """The ``sglang:*`` families of a worker's ``/metrics`` are the ones SGLang's own HTTP server
+    exports for the same model and flags (started here; the same workload counted there too).
+    SGLang 0.5.23 only: the 0.5.20 job leaves this second engine out (tools/envs/list)."""
+    worker, router = sglang_router
+    _workload(router.base, _model(router))
+    served = {name for name in family_names(worker.metrics_port) if name.startswith("sglang:")}
+    with _sglang_http_server(tiny_model) as port:
+        before = scrape(port)
+        workload = _workload(f"http://127.0.0.1:{port}", str(tiny_model))
+        theirs = _counted(port, workload, before, SGLANG_COUNTERS)
+        assert theirs == {name: workload[what] for name, what in SGLANG_COUNTERS}
+        sglangs = {name for name in family_names(port) if name.startswith("sglang:")}
+    assert sglangs, "SGLang's HTTP server exports sglang:* families"
+    assert served == sglangs, (sorted(served - sglangs), sorted(sglangs - served))

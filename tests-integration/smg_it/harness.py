@@ -191,11 +191,12 @@ def metered_worker(
 ) -> Worker:
     """A worker of ``engine`` (``extra``: more of its flags) with ``/metrics`` on
     ``metrics_port`` (:attr:`Worker.metrics_port`): the servicer's metrics, and the engine's own
-    where it has them (vLLM's only with ``engine_stats``: the test workers run with
-    ``--disable-log-stats`` otherwise)."""
+    where it has them, with ``engine_stats`` (vLLM's stats on: the test workers run with
+    ``--disable-log-stats`` otherwise; SGLang's ``--enable-metrics``)."""
     if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
+        stats = ("--enable-metrics",) if engine_stats else ()
         worker = sglang_worker(
-            model, port, *extra, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
+            model, port, *extra, *stats, env={"SMG_SGLANG_SERVICER_METRICS_PORT": str(metrics_port)}
         )
     elif engine == "vllm":
         metrics = ("--metrics-port", str(metrics_port))

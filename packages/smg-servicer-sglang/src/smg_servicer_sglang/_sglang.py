@@ -41,9 +41,10 @@ except ImportError as err:  # pragma: no cover - exercised by the facade's test
         "smg_servicer_sglang needs SGLang: pip install 'smg-servicer-sglang[sglang]'",
         name="sglang",
     ) from err
+from prometheus_client import multiprocess as _multiprocess
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, DisaggregationMode
 from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config
 from sglang.srt.lora.lora_registry import LoRARef as _LoRARef
 from sglang.srt.lora.lora_registry import LoRARegistry as _LoRARegistry
@@ -52,18 +53,27 @@ from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
 from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as _IdleSleeper
+from sglang.srt.observability import metrics_collector as _mc
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-from sglang.srt.runtime_context import get_parallel, get_spec, publish
+from sglang.srt.runtime_context import (
+    get_disagg,
+    get_observability,
+    get_parallel,
+    get_serving,
+    get_spec,
+    publish,
+)
 from sglang.srt.sampling import sampling_params as _sampling
 from sglang.srt.server_args import PortArgs
 from sglang.srt.server_args import prepare_server_args as _prepare_server_args
-from sglang.srt.utils.common import configure_logger
+from sglang.srt.utils.common import configure_logger, set_prometheus_multiproc_dir
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 from sglang.srt.utils.msgpack_utils import dec_hook as _dec_hook
 from sglang.srt.utils.msgpack_utils import ext_hook as _ext_hook
 
+from smg_servicer_core.config import environment
 from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_sglang import grammar_hooks
 from smg_servicer_sglang.convert import ReqSpec
@@ -326,6 +336,49 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
     reader = create_load_snapshot_reader(port_args, caller="TokenizerManager")
     pids = sorted({int(pid) for pid in result.all_child_pids} | {p.pid for p in processes if p.pid})
     return Launched(port_args, info, processes, dp_size(), reader, pids)
+
+
+def tokenizer_metrics(server_args: Any) -> Any:
+    """SGLang's own tokenizer-side metrics (``--enable-metrics``), as its tokenizer manager makes
+    them: a ``TokenizerMetricsCollector`` with SGLang's labels and buckets, or None with metrics
+    off. After :func:`prepare`, before the schedulers launch: unless it is set already, it points
+    ``PROMETHEUS_MULTIPROC_DIR`` (SGLang's own helper) at the folder the scheduler ranks then
+    write their families to (:func:`scheduler_families`)."""
+    observability = get_observability()
+    if not observability.enable_metrics:
+        return None
+    if "PROMETHEUS_MULTIPROC_DIR" not in environment():
+        set_prometheus_multiproc_dir()
+    if hasattr(_mc, "tokenizer_metric_labels"):  # 0.5.23
+        labels = _mc.tokenizer_metric_labels()
+    else:  # 0.5.20-0.5.22 build the same two in the tokenizer manager
+        mode = get_disagg().disaggregation_mode
+        labels = {
+            "model_name": get_serving().served_model_name,
+            "engine_type": DisaggregationMode.to_engine_type(mode),
+        }
+    collector_class = _mc.resolve_collector_class(
+        _mc.STAT_LOGGER_ROLE_TOKENIZER, _mc.TokenizerMetricsCollector
+    )
+    return collector_class(
+        server_args=server_args,
+        labels=labels,
+        bucket_time_to_first_token=observability.bucket_time_to_first_token,
+        bucket_e2e_request_latency=observability.bucket_e2e_request_latency,
+        bucket_inter_token_latency=observability.bucket_inter_token_latency,
+    )
+
+
+def scheduler_families() -> Any:
+    """The families SGLang's processes wrote to ``PROMETHEUS_MULTIPROC_DIR`` (the scheduler
+    ranks'; and this process's own when it too counts there), collected as SGLang's HTTP
+    server collects them."""
+    return _multiprocess.MultiProcessCollector(None)  # the folder PROMETHEUS_MULTIPROC_DIR names
+
+
+def prefill_only() -> bool:
+    """A prefill worker of a prefill/decode pair: it never sees a first token (no TTFT)."""
+    return get_disagg().disaggregation_mode == DisaggregationMode.PREFILL.value
 
 
 def drafts_per_verify() -> int:

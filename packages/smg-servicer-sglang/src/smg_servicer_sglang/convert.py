@@ -90,6 +90,8 @@ class Output:
     )
     spec_accepted: int = 0
     spec_drafts: int = 0
+    #: Speculative verify steps so far (SGLang's ``spec_verify_ct``: its metrics count them).
+    spec_verify_steps: int = 0
     embedding: list[float] | None = None
 
 

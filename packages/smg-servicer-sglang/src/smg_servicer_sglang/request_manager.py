@@ -37,6 +37,7 @@ from smg_servicer_core.errors import DeadlineExceeded, Unavailable
 from smg_servicer_core.stream import coalescing
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang.convert import Output
+from smg_servicer_sglang.engine_metrics import RequestMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ def _token_output(batch: Any, i: int, drafts_per_verify: int = 0) -> Output:
     out.spec_accepted = int(_at(getattr(batch, "spec_num_correct_drafts", None), i) or 0)
     verify_steps = int(_at(getattr(batch, "spec_verify_ct", None), i) or 0)
     out.spec_drafts = verify_steps * drafts_per_verify
+    out.spec_verify_steps = verify_steps
     return out
 
 
@@ -172,6 +174,8 @@ class RequestManager:
         self._pending_since = self.last_receive
         self.failed: str | None = None
         self.closed = False
+        #: SGLang's own per-request metrics, with ``--enable-metrics`` (:mod:`.engine_metrics`).
+        self.metrics: RequestMetrics | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -219,14 +223,24 @@ class RequestManager:
         async with self._send_lock:
             await sg.async_sock_send(self._push, obj)
 
-    def open(self, rids: Iterable[str], group: str | None = None) -> asyncio.Event:
-        """Create the states for ``rids`` (woken through one shared event)."""
+    def open(
+        self,
+        rids: Iterable[str],
+        group: str | None = None,
+        *,
+        stream: bool = False,
+        grammar: bool = False,
+    ) -> asyncio.Event:
+        """Create the states for ``rids`` (woken through one shared event); ``stream`` and
+        ``grammar`` label SGLang's own metrics of them (:attr:`metrics`)."""
         wake = asyncio.Event()
         rid_list = list(rids)
         if not self._states:
             self._pending_since = time.time()
         for rid in rid_list:
             self._states[rid] = _State(rid, wake)
+            if self.metrics is not None:
+                self.metrics.opened(rid, stream=stream, grammar=grammar)
         if group is not None:
             self._groups[group] = rid_list
         return wake
@@ -240,6 +254,8 @@ class RequestManager:
         unfinished = [rid for rid in rid_list if not self._finished(rid)]
         for rid in rid_list:
             self._states.pop(rid, None)
+            if self.metrics is not None:
+                self.metrics.closed(rid)
         if group is not None:
             self._groups.pop(group, None)
         if unfinished:
@@ -395,4 +411,6 @@ class RequestManager:
         state.outputs.append(output)
         if output.finish is not None:
             state.finished = True
+        if self.metrics is not None:
+            self.metrics.output(rid, output)
         state.wake.set()

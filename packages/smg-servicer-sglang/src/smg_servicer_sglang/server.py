@@ -53,6 +53,7 @@ from smg_servicer_core.config import (
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import EngineMetrics
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
@@ -61,6 +62,7 @@ from smg_servicer_core.tracing import Tracing, start_tracing
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events, lora, rust_lane
+from smg_servicer_sglang.engine_metrics import RequestMetrics, SglangFamilies
 from smg_servicer_sglang.request_manager import RequestManager
 from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
 
@@ -214,6 +216,10 @@ async def _start(
     # turns a scheduler's failure into a clean stop with exit 1.
     asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_signal)
     manager = RequestManager(port_args, sg.dp_size(), drafts_per_verify=sg.drafts_per_verify())
+    # Before the launch: the ranks inherit where to write their metrics.
+    collector = sg.tokenizer_metrics(server_args)
+    if collector is not None:
+        manager.metrics = RequestMetrics(collector, prefill_only=sg.prefill_only())
     try:
         launched = await asyncio.to_thread(sg.launch_schedulers, server_args, port_args)
     except sg.SchedulerStartError as exc:
@@ -356,7 +362,16 @@ async def _serve(
         resolved=own,
         on_started=on_started,
         tracing=tracing,
+        engine_metrics=_engine_metrics(schedulers.manager),
     )
+
+
+def _engine_metrics(manager: RequestManager) -> EngineMetrics | None:
+    """SGLang's own families for ``--metrics-port`` (with ``--enable-metrics``)."""
+    if manager.metrics is None:
+        return None
+    families = SglangFamilies(sg.scheduler_families(), manager.metrics.collector)
+    return EngineMetrics(families, "sglang")
 
 
 async def serve_grpc(

@@ -155,7 +155,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         self, request: pb.GenerateRequest, req: Any
     ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
-        self.manager.open([rid])
+        self.manager.open([rid], stream=request.stream, grammar=_constrained(request))
         try:
             await self.manager.send(req)
             seen: list[Output] = []
@@ -176,7 +176,9 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
     ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
         rids = [r.rid for r in reqs]
-        wake = self.manager.open([prefix.rid, *rids], group=rid)
+        wake = self.manager.open(
+            [prefix.rid, *rids], group=rid, stream=request.stream, grammar=_constrained(request)
+        )
         try:
             if not await self._prefill(prefix):
                 for index in range(len(rids)):
@@ -457,6 +459,11 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                 for _, ref in sorted(self.adapters.loaded().items())
             ]
         )
+
+
+def _constrained(request: pb.GenerateRequest) -> bool:
+    """Whether the request has a grammar (SGLang's metrics count those: ``num_so_requests``)."""
+    return request.sampling_params.WhichOneof("constraint") is not None
 
 
 def _joined(replies: list[Any], ok: str) -> dict[str, Any]:
