@@ -68,6 +68,52 @@ def test_a_request_is_counted_as_sglangs_tokenizer_manager_counts_it() -> None:
     assert len(recorder.calls) == 4
 
 
+class _Recorder523(_Recorder):
+    """SGLang 0.5.23's collector: it takes the time per output token, and start-up timings."""
+
+    def observe_one_finished_request(
+        self, labels: dict[str, str], *args: Any, time_per_output_token: Any = None, **kw: Any
+    ):
+        self.calls.append(("finished", args, time_per_output_token))
+
+    def emit_startup_time(self, timings: dict[str, Any]) -> None:
+        self.calls.append(("startup", timings))
+
+
+def test_the_time_per_output_token_where_sglang_takes_it() -> None:
+    """Decode time over the tokens after the first, for a stop or length end; none for one
+    token or an abort."""
+    recorder, clock = _Recorder523(), _Clock()
+    metrics = RequestMetrics(recorder, clock=clock)
+    metrics.started({"load_weight": 1.0})
+    metrics.started(None)  # ranks that report no timings: nothing
+    for rid, tokens, finish in (("a", 4, "length"), ("b", 1, "stop"), ("c", 4, "abort")):
+        metrics.opened(rid, stream=False, grammar=False)
+        clock.now += 0.5
+        metrics.output(rid, _out(1))
+        clock.now += 1.5
+        metrics.output(rid, _out(tokens, {"type": finish}))
+    finished = [c[2] for c in recorder.calls if c[0] == "finished"]
+    assert finished == [0.5, None, None]
+    assert recorder.calls[0] == ("startup", {"load_weight": 1.0})
+
+
+def test_a_non_streamed_requests_first_token_is_the_schedulers_prefill_end() -> None:
+    """Its one output comes at its end: the first token is when the scheduler's prefill ended
+    (its clock, if it falls within the request), as SGLang's tokenizer manager takes it."""
+    recorder, clock = _Recorder523(), _Clock()
+    metrics = RequestMetrics(recorder, clock=clock)
+    metrics.opened("n", stream=False, grammar=False)
+    clock.now = 102.0
+    metrics.output("n", _out(4, {"type": "length"}, prefill_done_at=100.5))
+    assert recorder.calls[0][:3] == ("ttft", LABELS, 0.5)
+    assert recorder.calls[1][2] == 0.5  # (102 - 100.5) / 3 tokens after the first
+    metrics.opened("late", stream=False, grammar=False)  # a stamp outside the request: not used
+    clock.now = 103.0
+    metrics.output("late", _out(2, {"type": "stop"}, prefill_done_at=99.0))
+    assert recorder.calls[2][:3] == ("ttft", LABELS, 1.0)
+
+
 def test_an_abort_has_no_first_token_and_a_prefill_worker_none_at_all() -> None:
     recorder = _Recorder()
     metrics = RequestMetrics(recorder, clock=_Clock())
@@ -90,20 +136,22 @@ def test_a_request_closed_before_its_end_is_forgotten() -> None:
     assert recorder.calls == []
 
 
-def test_the_served_families_are_the_folders_and_the_collectors_own() -> None:
+def test_the_served_families_are_the_folders_and_this_processs_sglang_ones() -> None:
+    """As the folder reads: no ``_created`` samples, no family without a sample, nothing but
+    ``sglang:*`` of this process; none of this process's in multi-process mode (its counts are
+    in the folder then)."""
+
     class _Folder:
         def collect(self) -> list[Metric]:
             return [Metric("sglang:num_running_reqs", "running", "gauge")]
 
-    class _Tokenizer:
-        def __init__(self) -> None:
-            self.labels = LABELS
-            self.requests = Counter("sglang:num_requests", "requests", registry=CollectorRegistry())
-
-    tokenizer = _Tokenizer()
-    tokenizer.requests.inc(3)
-    families = {m.name: m for m in SglangFamilies(_Folder(), tokenizer).collect()}
+    registry = CollectorRegistry()
+    Counter("sglang:num_requests", "requests", registry=registry).inc(3)
+    Counter("sglang:num_aborted_requests", "aborts", ["reason"], registry=registry)  # no sample
+    Counter("vllm:other", "not SGLang's", registry=registry).inc()
+    families = {m.name: m for m in SglangFamilies(_Folder(), registry, in_memory=True).collect()}
     assert set(families) == {"sglang:num_running_reqs", "sglang:num_requests"}
-    assert [
-        s.value for s in families["sglang:num_requests"].samples if s.name.endswith("_total")
-    ] == [3]
+    samples = families["sglang:num_requests"].samples
+    assert [(s.name, s.value) for s in samples] == [("sglang:num_requests_total", 3)]
+    folder_only = SglangFamilies(_Folder(), registry, in_memory=False).collect()
+    assert [m.name for m in folder_only] == ["sglang:num_running_reqs"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -54,6 +55,8 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as _IdleSleeper
 from sglang.srt.observability import metrics_collector as _mc
+from sglang.srt.observability.cpu_monitor import start_cpu_monitor_thread
+from sglang.srt.observability.startup_time import build_engine_startup_time
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -68,6 +71,7 @@ from sglang.srt.runtime_context import (
 from sglang.srt.sampling import sampling_params as _sampling
 from sglang.srt.server_args import PortArgs
 from sglang.srt.server_args import prepare_server_args as _prepare_server_args
+from sglang.srt.utils import common as _common
 from sglang.srt.utils.common import configure_logger, set_prometheus_multiproc_dir
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 from sglang.srt.utils.msgpack_utils import dec_hook as _dec_hook
@@ -105,6 +109,8 @@ ProfileReqType: Any = _io.ProfileReqType
 TokenizedEmbeddingReqInput: Any = _io.TokenizedEmbeddingReqInput
 TokenizedGenerateReqInput: Any = _io.TokenizedGenerateReqInput
 SamplingParams: Any = _sampling.SamplingParams
+#: A batch's per-request scheduler time stats, pickled on the wire (None stays None).
+unwrap_from_pickle: Any = _io.unwrap_from_pickle
 async_sock_send: Any = _io.async_sock_send
 async_sock_recv: Any = _io.async_sock_recv
 # The router's ZMQ lane (zmq_wire, zmq_plugin): SGLang's own msgpack hooks for its structs, the
@@ -280,6 +286,8 @@ class Launched:
     load_reader: Any = None
     #: Every scheduler-side process, the DP controller's ranks (grandchildren) included.
     pids: list[int] = field(default_factory=list)
+    #: The ranks' start-up timings as SGLang's launcher reports them (:func:`startup_time`).
+    startup_time: dict[str, Any] | None = None
 
     def dead(self) -> str | None:
         """Why a scheduler-side process is gone, or None while all run."""
@@ -296,6 +304,10 @@ class Launched:
         return None
 
 
+#: SGLang's metrics folders, held for the life of the process (:func:`prepare`).
+_KEPT_FOLDERS: list[Any] = []
+
+
 def prepare(server_args: Any) -> tuple[Any, Any]:
     """Validate and publish ``server_args`` as the tokenizer role; returns fresh ``PortArgs`` and
     the resolved settings (read every setting through these: raw ``ServerArgs`` fields stay
@@ -307,6 +319,10 @@ def prepare(server_args: Any) -> tuple[Any, Any]:
     """
     configure_logger(server_args)
     server_args.resolve_once()
+    # With --enable-metrics, SGLang's gRPC entry has made the metrics folder already (and named
+    # it in PROMETHEUS_MULTIPROC_DIR); _set_envs_and_config makes a second one inside it and
+    # drops its handle on the first, whose folder would then be deleted under the ranks.
+    _KEPT_FOLDERS.append(getattr(_common, "prometheus_multiproc_dir", None))
     _set_envs_and_config(server_args)
     load_plugins()
     server_args.check_server_args()
@@ -335,7 +351,8 @@ def launch_schedulers(server_args: Any, port_args: Any) -> Launched:
     info = dict(result.scheduler_infos[0])
     reader = create_load_snapshot_reader(port_args, caller="TokenizerManager")
     pids = sorted({int(pid) for pid in result.all_child_pids} | {p.pid for p in processes if p.pid})
-    return Launched(port_args, info, processes, dp_size(), reader, pids)
+    startup = startup_time(list(result.scheduler_infos))
+    return Launched(port_args, info, processes, dp_size(), reader, pids, startup)
 
 
 def tokenizer_metrics(server_args: Any) -> Any:
@@ -357,6 +374,7 @@ def tokenizer_metrics(server_args: Any) -> Any:
             "model_name": get_serving().served_model_name,
             "engine_type": DisaggregationMode.to_engine_type(mode),
         }
+    start_cpu_monitor_thread("tokenizer")  # sglang:process_cpu_seconds, as its tokenizer's
     collector_class = _mc.resolve_collector_class(
         _mc.STAT_LOGGER_ROLE_TOKENIZER, _mc.TokenizerMetricsCollector
     )
@@ -367,6 +385,17 @@ def tokenizer_metrics(server_args: Any) -> Any:
         bucket_e2e_request_latency=observability.bucket_e2e_request_latency,
         bucket_inter_token_latency=observability.bucket_inter_token_latency,
     )
+
+
+def startup_time(scheduler_infos: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The start-up timings SGLang's tokenizer manager reports (``sglang:startup_time_seconds``
+    by phase), built by SGLang from its ranks' as its launcher builds them; None when the ranks
+    report none. ``tokenizer_e2e``: from this process's start until now (the ranks are ready)."""
+    timings = [info.get("startup_time") for info in scheduler_infos]
+    if not any(timings):
+        return None
+    since_start = time.time() - psutil.Process().create_time()
+    return build_engine_startup_time(timings, tokenizer_e2e=since_start)
 
 
 def scheduler_families() -> Any:

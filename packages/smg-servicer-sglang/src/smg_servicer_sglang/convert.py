@@ -92,6 +92,9 @@ class Output:
     spec_drafts: int = 0
     #: Speculative verify steps so far (SGLang's ``spec_verify_ct``: its metrics count them).
     spec_verify_steps: int = 0
+    #: The scheduler's ``perf_counter`` when the prefill ended (0: not reported; SGLang's
+    #: metrics take a non-streamed request's first token from it).
+    prefill_done_at: float = 0.0
     embedding: list[float] | None = None
 
 

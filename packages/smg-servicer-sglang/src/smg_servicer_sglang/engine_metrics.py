@@ -16,13 +16,13 @@ Two halves, both SGLang's:
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import values
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import REGISTRY, values
 from prometheus_client.registry import Collector
 
 from smg_servicer_sglang.convert import Output
@@ -34,6 +34,7 @@ class _Request:
     stream: bool
     grammar: bool
     first_seen: bool = False
+    first: float = 0.0
     last: float = 0.0
     last_tokens: int = 0
 
@@ -58,6 +59,14 @@ class RequestMetrics:
         self.prefill_only = prefill_only
         self.clock = clock
         self._open: dict[str, _Request] = {}
+        finished = inspect.signature(collector.observe_one_finished_request).parameters
+        self._takes_tpot = "time_per_output_token" in finished
+
+    def started(self, startup_time: dict[str, Any] | None) -> None:
+        """The ranks' start-up timings (``sglang:startup_time_seconds``), as SGLang's tokenizer
+        manager emits them once its schedulers are ready."""
+        if startup_time is not None and hasattr(self.collector, "emit_startup_time"):
+            self.collector.emit_startup_time(startup_time)
 
     def opened(self, rid: str, *, stream: bool, grammar: bool) -> None:
         self._open[rid] = _Request(self.clock(), stream, grammar)
@@ -75,9 +84,14 @@ class RequestMetrics:
             aborted = finish is not None and finish.get("type") == "abort"
             if not aborted and not self.prefill_only:
                 request.first_seen = True
+                # A non-streamed request's outputs come at its end: its first token is when
+                # the scheduler's prefill ended, as SGLang's tokenizer manager takes it.
+                done = output.prefill_done_at
+                scheduled = not request.stream and request.start < done <= now
+                request.first = done if scheduled else now
                 request.last, request.last_tokens = now, output.completion_tokens
                 self.collector.observe_time_to_first_token(
-                    self.labels, now - request.start, stream=request.stream
+                    self.labels, request.first - request.start, stream=request.stream
                 )
         else:
             new_tokens = output.completion_tokens - request.last_tokens
@@ -88,6 +102,9 @@ class RequestMetrics:
                 request.last, request.last_tokens = now, output.completion_tokens
         if finish is not None:
             del self._open[rid]
+            extra: dict[str, Any] = {}
+            if self._takes_tpot:  # SGLang 0.5.23: decode time per token after the first
+                extra["time_per_output_token"] = self._per_token(request, finish, output, now)
             self.collector.observe_one_finished_request(
                 self.labels,
                 output.prompt_tokens,
@@ -97,25 +114,43 @@ class RequestMetrics:
                 request.grammar,
                 spec_verify_ct=output.spec_verify_steps,
                 is_streaming=request.stream,
+                **extra,
             )
+
+    def _per_token(
+        self, request: _Request, finish: dict[str, Any], output: Output, now: float
+    ) -> float | None:
+        """SGLang's time per output token: decode time over the tokens after the first, for a
+        request that ended by a stop or its length (not an abort), never on a prefill worker."""
+        tokens = output.completion_tokens
+        if not request.first_seen or tokens <= 1 or finish.get("type") not in ("stop", "length"):
+            return None
+        decode = now - request.first
+        return decode / (tokens - 1) if decode > 0 else None
 
 
 class SglangFamilies(Collector):
-    """Every ``sglang:*`` family SGLang's HTTP server would serve: the multi-process folder's
-    (``scheduler``: collected on each scrape) and the tokenizer collector's, read from its own
-    metrics when this process counts in memory (it imported ``prometheus_client`` before
-    ``PROMETHEUS_MULTIPROC_DIR`` was set; otherwise its counts are in the folder already)."""
+    """Every ``sglang:*`` family SGLang's HTTP server serves but its HTTP layer's own: the
+    multi-process folder's (``scheduler``: collected on each scrape, as SGLang collects it) and
+    this process's ``sglang:*`` metrics (the tokenizer collector's, the CPU monitor's), read from
+    ``registry`` when this process counts in memory (it imported ``prometheus_client`` before
+    ``PROMETHEUS_MULTIPROC_DIR`` was set; otherwise its counts are in the folder already). Read as
+    the folder reads: no ``_created`` samples, no family without a sample."""
 
-    def __init__(self, scheduler: Collector, tokenizer: Any) -> None:
+    def __init__(
+        self, scheduler: Collector, registry: Collector = REGISTRY, in_memory: bool | None = None
+    ) -> None:
         self.scheduler = scheduler
-        in_memory = values.ValueClass is values.MutexValue
-        self.own: list[MetricWrapperBase] = (
-            [m for m in vars(tokenizer).values() if isinstance(m, MetricWrapperBase)]
-            if in_memory
-            else []
-        )
+        self.registry = registry
+        self.in_memory = values.ValueClass is values.MutexValue if in_memory is None else in_memory
 
     def collect(self) -> Iterator[Any]:
         yield from self.scheduler.collect()
-        for metric in self.own:
-            yield from metric.collect()
+        if not self.in_memory:
+            return
+        for family in self.registry.collect():
+            if not family.name.startswith("sglang:"):
+                continue
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if family.samples:
+                yield family

@@ -73,10 +73,11 @@ def _rows(vals: Any, idxs: Any) -> list[tuple[list[float], list[int]]]:
     ]
 
 
-def _token_output(batch: Any, i: int, drafts_per_verify: int = 0) -> Output:
+def _token_output(batch: Any, i: int, drafts_per_verify: int = 0, times: Any = None) -> Output:
     """Request ``i`` of a ``BatchTokenIDOutput``. Speculative decoding as SGLang's tokenizer
     manager reports it: accepted = its correct drafts, proposed = verify steps x
-    ``drafts_per_verify`` (:func:`._sglang.drafts_per_verify`)."""
+    ``drafts_per_verify`` (:func:`._sglang.drafts_per_verify`); ``times``: the batch's
+    scheduler time stats, unpickled (when SGLang's metrics are on)."""
     out = Output(
         token_ids=_ints(_at(batch.output_ids, i) or _at(batch.decode_ids, i)),
         finish=_at(batch.finished_reasons, i),
@@ -106,6 +107,8 @@ def _token_output(batch: Any, i: int, drafts_per_verify: int = 0) -> Output:
     verify_steps = int(_at(getattr(batch, "spec_verify_ct", None), i) or 0)
     out.spec_drafts = verify_steps * drafts_per_verify
     out.spec_verify_steps = verify_steps
+    stats = _at(times, i)
+    out.prefill_done_at = float(getattr(stats, "prefill_finished_time", 0.0) or 0.0)
     return out
 
 
@@ -374,8 +377,11 @@ class RequestManager:
 
     def _dispatch(self, obj: Any) -> None:
         if isinstance(obj, sg.BatchTokenIDOutput):
+            times = None
+            if self.metrics is not None:  # what SGLang's metrics read of the scheduler's clock
+                times = sg.unwrap_from_pickle(getattr(obj, "time_stats", None))
             for i, rid in enumerate(obj.rids or []):
-                self._deliver(rid, lambda i=i: _token_output(obj, i, self.drafts_per_verify))
+                self._deliver(rid, lambda i=i: _token_output(obj, i, self.drafts_per_verify, times))
         elif isinstance(obj, sg.BatchEmbeddingOutput):
             for i, rid in enumerate(obj.rids or []):
                 self._deliver(rid, lambda i=i: _embedding_output(obj, i))

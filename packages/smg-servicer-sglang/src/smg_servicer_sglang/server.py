@@ -227,6 +227,8 @@ async def _start(
         await manager.close()
         return ExitCode.ENGINE_DIED
     manager.start()
+    if manager.metrics is not None:
+        manager.metrics.started(launched.startup_time)
     try:
         facts = sg.model_facts(server_args)
         tokenizer = await asyncio.to_thread(sg.load_tokenizer, config)
@@ -370,7 +372,7 @@ def _engine_metrics(manager: RequestManager) -> EngineMetrics | None:
     """SGLang's own families for ``--metrics-port`` (with ``--enable-metrics``)."""
     if manager.metrics is None:
         return None
-    families = SglangFamilies(sg.scheduler_families(), manager.metrics.collector)
+    families = SglangFamilies(sg.scheduler_families())
     return EngineMetrics(families, "sglang")
 
 
