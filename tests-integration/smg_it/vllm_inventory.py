@@ -271,6 +271,7 @@ def _uses() -> list[Use]:
             "tokenization_kwargs",
             "trace_headers",
             "data_parallel_rank",
+            "reasoning_ended",
         ),
         u(f"{llm}.encode", "servicer.py: Embed", 3),
         u(f"{llm}.abort", "servicer.py: engine_abort()", 1),

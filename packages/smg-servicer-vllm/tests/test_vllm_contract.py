@@ -176,3 +176,52 @@ async def test_an_engine_that_does_not_say_whether_it_is_paused_is_unavailable(
         await stub.GetServerInfo(pb.GetServerInfoRequest())
     assert hung.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "whether it is paused" in (hung.value.details() or "")
+
+
+async def test_last_receive_timestamp_is_the_engines_last_output(serve_llm: Any) -> None:
+    """Unset (0) until the engine has given an output; then the wall time of the last one."""
+    import time
+
+    from smg_servicer_core.testing.requests import generate_request
+
+    async with serve_llm(FakeAsyncLLM()) as (_, stub):
+        assert (await stub.GetServerInfo(pb.GetServerInfoRequest())).last_receive_timestamp == 0
+        before = time.time()
+        async for _ in stub.Generate(generate_request("vllm", [1, 2, 3], max_tokens=3)):
+            pass
+        after = time.time()
+        got = (await stub.GetServerInfo(pb.GetServerInfoRequest())).last_receive_timestamp
+    assert before <= got <= after
+
+
+@pytest.mark.parametrize(
+    ("flag", "constraint", "passed"),
+    [(True, {"regex": "[ab]+"}, True), (False, {"regex": "[ab]+"}, False), (True, {}, False)],
+    ids=["shaped-constraint", "engine-start", "no-constraint"],
+)
+async def test_a_constraint_shaped_from_the_first_token_starts_there_in_vllm(
+    serve_llm: Any, flag: bool, constraint: dict[str, str], passed: bool
+) -> None:
+    """``grammar_from_first_token`` on a constrained request: vLLM's ``reasoning_ended`` (the
+    grammar runs from the first token whatever reasoning parser the engine has); without it, or
+    without a constraint, vLLM decides where the grammar starts (nothing passed)."""
+    from smg_servicer_core.testing.requests import generate_request
+
+    engine = FakeAsyncLLM()
+    seen: list[dict[str, Any]] = []
+    generate = engine.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return generate(*args, **kwargs)
+
+    engine.generate = spy  # type: ignore[method-assign]
+    request = generate_request("vllm", [1, 2], max_tokens=2, **constraint)
+    request.sampling_params.grammar_from_first_token = flag
+    async with serve_llm(engine) as (_, stub):
+        async for _ in stub.Generate(request):
+            pass
+    [kwargs] = seen
+    assert ("reasoning_ended" in kwargs, kwargs.get("reasoning_ended")) == (
+        (True, True) if passed else (False, None)
+    )

@@ -90,7 +90,10 @@ async def test_n3_returns_three_completes(vllm_stack) -> None:
     assert all(len(r.complete.output_ids) == 6 for r in plain)
 
 
-async def test_json_schema_output_validates(vllm_stack, tiny_model) -> None:
+@pytest.mark.parametrize("from_first_token", [False, True], ids=["engine-start", "first-token"])
+async def test_json_schema_output_validates(vllm_stack, tiny_model, from_first_token) -> None:
+    """Also with ``grammar_from_first_token``: the real engine takes vLLM's ``reasoning_ended``
+    and constrains the output as before (the tiny model runs no reasoning parser)."""
     from tokenizers import Tokenizer
 
     _, stub = vllm_stack
@@ -100,9 +103,9 @@ async def test_json_schema_output_validates(vllm_stack, tiny_model) -> None:
         "required": ["color"],
         "additionalProperties": False,
     }
-    [response] = await read_all(
-        stub.Generate(vreq(max_tokens=64, temperature=0.0, json_schema=json.dumps(schema)))
-    )
+    request = vreq(max_tokens=64, temperature=0.0, json_schema=json.dumps(schema))
+    request.sampling_params.grammar_from_first_token = from_first_token
+    [response] = await read_all(stub.Generate(request))
     text = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).decode(
         list(response.complete.output_ids)
     )

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -199,6 +200,8 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             raise SystemExit(2) from None
         self.mm_settings = mm_settings
         self.loads = LoadTracker()
+        #: Wall time of the last engine output (0: none yet): ``last_receive_timestamp``.
+        self.last_receive = 0.0
         #: Rejection notices on their way to the engine (kept until sent: see Generate).
         self._notices: set[asyncio.Task[None]] = set()
         self.metrics_server: MetricsServer | None = None
@@ -384,7 +387,11 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         spec: SamplingSpec,
         rank: int | None,
     ) -> Any:
-        """vLLM's ``generate()`` of the request (an async generator, not yet started)."""
+        """vLLM's ``generate()`` of the request (an async generator, not yet started). A
+        constraint the router shaped to start at the first token (``grammar_from_first_token``)
+        starts there whatever reasoning parser the engine runs: vLLM's ``reasoning_ended``."""
+        sampling = request.sampling_params
+        shaped = sampling.grammar_from_first_token and sampling.WhichOneof("constraint")
         return self.engine.generate(
             prompt,
             params,
@@ -392,6 +399,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             tokenization_kwargs=spec.tokenization,
             trace_headers=trace_headers(context),
             data_parallel_rank=rank,
+            **({"reasoning_ended": True} if shaped else {}),
         )
 
     def _notify_rejected(self, rid: str, kv: dict[str, Any], rank: int | None) -> None:
@@ -424,6 +432,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         choices: dict[int, _Choice],
         identity: pb.MediaIdentity | None = None,
     ) -> Iterator[pb.GenerateResponse]:
+        self.last_receive = time.time()  # GetServerInfo's last_receive_timestamp
         prompt_ids = output.prompt_token_ids or ()  # not copied: read per token on hot paths
         prompt_len = len(prompt_ids)
         cached = int(output.num_cached_tokens or 0)
@@ -509,6 +518,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
     ) -> pb.GetServerInfoResponse:
         response = info.server_info(self.engine, len(self.registry), self.uptime_s())
         response.is_paused = await info.is_paused(self.engine)
+        response.last_receive_timestamp = self.last_receive
         await self.multimodal.refresh()
         for name, value in self.multimodal.server_info().items():
             setattr(response, name, value)
