@@ -409,7 +409,7 @@ def _sglang_http_layer_families() -> set[str]:
          "'sglang.srt.observability.http_request_metrics').origin)"],
         check=True, capture_output=True, text=True, timeout=60, env={**os.environ, **CPU_ENV},
     ).stdout.strip()  # fmt: skip
-    names = re.findall(r'name="(sglang:[a-z_:]+)"', Path(where).read_text())
+    names = re.findall(r'name="(sglang:[a-z0-9_:]+)"', Path(where).read_text())
     return {name.removesuffix("_total") for name in names}
 
 
@@ -434,3 +434,41 @@ def test_sglangs_metric_families_are_the_ones_its_http_server_exports(
     http_layer = _sglang_http_layer_families()
     assert http_layer <= sglangs  # what its HTTP layer adds, read from SGLang's source
     assert served == sglangs - http_layer, (sorted(served - sglangs), sorted(sglangs - served))
+
+
+TOKENSPEED_COUNTERS = (
+    ("tokenspeed:num_requests_total", "requests"),
+    ("tokenspeed:prompt_tokens_total", "prompt_tokens"),
+    ("tokenspeed:generation_tokens_total", "completion_tokens"),
+    ("tokenspeed:time_to_first_token_seconds_count", "requests"),
+)
+
+
+def _tokenspeed_families() -> set[str]:
+    """Every ``tokenspeed:*`` family TokenSpeed defines (its metrics module, read from its
+    source in TokenSpeed's environment): TokenSpeed has no HTTP server of its own to compare
+    with, so its definitions are the reference."""
+    from smg_it.paths import tokenspeed_python
+
+    where = subprocess.run(
+        [str(tokenspeed_python()), "-c", "import importlib.util as u; print(u.find_spec("
+         "'tokenspeed.runtime.metrics.collector').origin)"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    return set(re.findall(r'name="(tokenspeed:[a-z0-9_:]+)"', Path(where).read_text()))
+
+
+def test_tokenspeeds_own_metrics_count_a_workload_through_the_router(tokenspeed_router) -> None:
+    """With TokenSpeed's ``--enable-metrics``, ``--metrics-port`` serves TokenSpeed's own
+    ``tokenspeed:*`` families beside the servicer's: its front end's counters move by exactly a
+    workload through the router, and every family served is one TokenSpeed defines (its
+    scheduler's stand-in here writes none of the ranks' families)."""
+    worker, router = tokenspeed_router
+    before = scrape(worker.metrics_port)
+    workload = _workload(router.base, _model(router))
+    ours = _counted(worker.metrics_port, workload, before, TOKENSPEED_COUNTERS)
+    assert ours == {name: workload[what] for name, what in TOKENSPEED_COUNTERS}
+    served = {n for n in family_names(worker.metrics_port) if n.startswith("tokenspeed:")}
+    defined = _tokenspeed_families()
+    assert served, "the worker serves tokenspeed:* families"
+    assert served <= defined, sorted(served - defined)

@@ -192,7 +192,7 @@ def metered_worker(
     """A worker of ``engine`` (``extra``: more of its flags) with ``/metrics`` on
     ``metrics_port`` (:attr:`Worker.metrics_port`): the servicer's metrics, and the engine's own
     where it has them, with ``engine_stats`` (vLLM's stats on: the test workers run with
-    ``--disable-log-stats`` otherwise; SGLang's ``--enable-metrics``)."""
+    ``--disable-log-stats`` otherwise; SGLang's and TokenSpeed's ``--enable-metrics``)."""
     if engine == "sglang":  # SGLang's launcher has no such flag: the servicer's variable
         stats = ("--enable-metrics",) if engine_stats else ()
         worker = sglang_worker(
@@ -202,7 +202,8 @@ def metered_worker(
         metrics = ("--metrics-port", str(metrics_port))
         worker = vllm_worker(model, port, *extra, *metrics, log_stats=engine_stats)
     else:
-        worker = WORKERS[engine](model, port, *extra, "--metrics-port", str(metrics_port))
+        stats = ("--enable-metrics",) if engine == "tokenspeed" and engine_stats else ()
+        worker = WORKERS[engine](model, port, *extra, *stats, "--metrics-port", str(metrics_port))
     worker.metrics_port = metrics_port
     return worker
 

@@ -325,3 +325,34 @@ def test_metrics_follow_the_grpc_ports_tls(
 
 def _ended(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "metrics: a scrape from" in r.message]
+
+
+@pytest.mark.unit
+def test_an_engines_families_are_its_folders_and_this_processs_own() -> None:
+    """As the multi-process folder reads: no ``_created`` samples, no family without a sample,
+    nothing but the engine's prefix of this process; none of this process's when it counts in
+    the folder (multi-process mode)."""
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.metrics_core import Metric
+
+    from smg_servicer_core.metrics import EngineFamilies
+
+    class _Folder:
+        def collect(self) -> list[Metric]:
+            return [Metric("sglang:num_running_reqs", "running", "gauge")]
+
+    registry = CollectorRegistry()
+    Counter("sglang:num_requests", "requests", registry=registry).inc(3)
+    Counter("sglang:num_aborted_requests", "aborts", ["reason"], registry=registry)  # no sample
+    Counter("vllm:other", "not the engine's", registry=registry).inc()
+    families = {
+        m.name: m
+        for m in EngineFamilies("sglang:", _Folder(), registry, in_memory=True).collect()  # pyright: ignore[reportArgumentType]
+    }
+    assert set(families) == {"sglang:num_running_reqs", "sglang:num_requests"}
+    samples = families["sglang:num_requests"].samples
+    assert [(s.name, s.value) for s in samples] == [("sglang:num_requests_total", 3)]
+    folder_only = EngineFamilies("sglang:", _Folder(), registry, in_memory=False).collect()  # pyright: ignore[reportArgumentType]
+    assert [m.name for m in folder_only] == ["sglang:num_running_reqs"]
+    no_folder = EngineFamilies("tokenspeed:", None, registry, in_memory=True).collect()
+    assert list(no_folder) == []

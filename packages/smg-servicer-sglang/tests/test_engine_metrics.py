@@ -1,17 +1,15 @@
 """SGLang's tokenizer-side metrics driven per request as SGLang's tokenizer manager drives them
-(``collect_metrics``), against a recording collector; and the served families: the scheduler's
-folder plus the collector's own metrics when this process counts in memory."""
+(``collect_metrics``), against a recording collector (the served families: core's
+``test_metrics.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.metrics_core import Metric
 
 from smg_servicer_sglang.convert import Output
-from smg_servicer_sglang.engine_metrics import RequestMetrics, SglangFamilies
+from smg_servicer_sglang.engine_metrics import RequestMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -134,24 +132,3 @@ def test_a_request_closed_before_its_end_is_forgotten() -> None:
     metrics.output("c", _out(1, {"type": "length"}))
     metrics.output("unknown", _out(1))
     assert recorder.calls == []
-
-
-def test_the_served_families_are_the_folders_and_this_processs_sglang_ones() -> None:
-    """As the folder reads: no ``_created`` samples, no family without a sample, nothing but
-    ``sglang:*`` of this process; none of this process's in multi-process mode (its counts are
-    in the folder then)."""
-
-    class _Folder:
-        def collect(self) -> list[Metric]:
-            return [Metric("sglang:num_running_reqs", "running", "gauge")]
-
-    registry = CollectorRegistry()
-    Counter("sglang:num_requests", "requests", registry=registry).inc(3)
-    Counter("sglang:num_aborted_requests", "aborts", ["reason"], registry=registry)  # no sample
-    Counter("vllm:other", "not SGLang's", registry=registry).inc()
-    families = {m.name: m for m in SglangFamilies(_Folder(), registry, in_memory=True).collect()}
-    assert set(families) == {"sglang:num_running_reqs", "sglang:num_requests"}
-    samples = families["sglang:num_requests"].samples
-    assert [(s.name, s.value) for s in samples] == [("sglang:num_requests_total", 3)]
-    folder_only = SglangFamilies(_Folder(), registry, in_memory=False).collect()
-    assert [m.name for m in folder_only] == ["sglang:num_running_reqs"]

@@ -59,7 +59,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector, multiprocess, values
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -67,6 +67,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from smg_servicer_core.config import environment
 
 if TYPE_CHECKING:
     from smg_servicer_core.tls import ServerTls
@@ -445,6 +447,48 @@ class EngineMetrics:
                 )
             return
         yield from families
+
+
+class EngineFamilies(Collector):
+    """An engine's own ``prefix`` families (``sglang:``, ``tokenspeed:``) as its HTTP server
+    collects them, for engines that count in several processes: the multi-process folder's
+    (``folder``: :func:`multiprocess_folder`, collected on each scrape; None: no folder) and this
+    process's, read from ``registry`` when this process counts in memory (it imported
+    ``prometheus_client`` before ``PROMETHEUS_MULTIPROC_DIR`` was set; otherwise its counts are
+    in the folder already). Read as the folder reads: no ``_created`` samples, no family without
+    a sample."""
+
+    def __init__(
+        self,
+        prefix: str,
+        folder: Collector | None,
+        registry: Collector = REGISTRY,
+        in_memory: bool | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self.folder = folder
+        self.registry = registry
+        self.in_memory = values.ValueClass is values.MutexValue if in_memory is None else in_memory
+
+    def collect(self) -> Iterator[Metric]:
+        if self.folder is not None:
+            yield from self.folder.collect()
+        if not self.in_memory:
+            return
+        for family in self.registry.collect():
+            if not family.name.startswith(self.prefix):
+                continue
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if family.samples:
+                yield family
+
+
+def multiprocess_folder() -> Collector | None:
+    """The families of ``PROMETHEUS_MULTIPROC_DIR`` (what an engine's processes write there),
+    collected on each scrape; None when it is not set."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in environment():
+        return None
+    return multiprocess.MultiProcessCollector(None)  # pyright: ignore[reportArgumentType]
 
 
 #: A scrape connection that sends nothing (or stalls its TLS handshake) is dropped after this.

@@ -42,7 +42,6 @@ except ImportError as err:  # pragma: no cover - exercised by the facade's test
         "smg_servicer_sglang needs SGLang: pip install 'smg-servicer-sglang[sglang]'",
         name="sglang",
     ) from err
-from prometheus_client import multiprocess as _multiprocess
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST, DisaggregationMode
@@ -360,7 +359,7 @@ def tokenizer_metrics(server_args: Any) -> Any:
     them: a ``TokenizerMetricsCollector`` with SGLang's labels and buckets, or None with metrics
     off. After :func:`prepare`, before the schedulers launch: unless it is set already, it points
     ``PROMETHEUS_MULTIPROC_DIR`` (SGLang's own helper) at the folder the scheduler ranks then
-    write their families to (:func:`scheduler_families`)."""
+    write their families to (core's ``multiprocess_folder``)."""
     observability = get_observability()
     if not observability.enable_metrics:
         return None
@@ -396,13 +395,6 @@ def startup_time(scheduler_infos: list[dict[str, Any]]) -> dict[str, Any] | None
         return None
     since_start = time.time() - psutil.Process().create_time()
     return build_engine_startup_time(timings, tokenizer_e2e=since_start)
-
-
-def scheduler_families() -> Any:
-    """The families SGLang's processes wrote to ``PROMETHEUS_MULTIPROC_DIR`` (the scheduler
-    ranks'; and this process's own when it too counts there), collected as SGLang's HTTP
-    server collects them."""
-    return _multiprocess.MultiProcessCollector(None)  # the folder PROMETHEUS_MULTIPROC_DIR names
 
 
 def prefill_only() -> bool:

@@ -10,20 +10,17 @@ Two halves, both SGLang's:
   :class:`RequestMetrics` drives SGLang's own ``TokenizerMetricsCollector`` per request, the
   way its ``collect_metrics`` does.
 
-:class:`SglangFamilies` is what ``--metrics-port`` serves beside ``smg_servicer_*``
-(:class:`smg_servicer_core.metrics.EngineMetrics`). Engine-free: the collector is handed in.
+``--metrics-port`` serves both beside ``smg_servicer_*`` (core's ``EngineFamilies("sglang:",
+multiprocess_folder())``). Engine-free: the collector is handed in.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from prometheus_client import REGISTRY, values
-from prometheus_client.registry import Collector
 
 from smg_servicer_sglang.convert import Output
 
@@ -127,30 +124,3 @@ class RequestMetrics:
             return None
         decode = now - request.first
         return decode / (tokens - 1) if decode > 0 else None
-
-
-class SglangFamilies(Collector):
-    """Every ``sglang:*`` family SGLang's HTTP server serves but its HTTP layer's own: the
-    multi-process folder's (``scheduler``: collected on each scrape, as SGLang collects it) and
-    this process's ``sglang:*`` metrics (the tokenizer collector's, the CPU monitor's), read from
-    ``registry`` when this process counts in memory (it imported ``prometheus_client`` before
-    ``PROMETHEUS_MULTIPROC_DIR`` was set; otherwise its counts are in the folder already). Read as
-    the folder reads: no ``_created`` samples, no family without a sample."""
-
-    def __init__(
-        self, scheduler: Collector, registry: Collector = REGISTRY, in_memory: bool | None = None
-    ) -> None:
-        self.scheduler = scheduler
-        self.registry = registry
-        self.in_memory = values.ValueClass is values.MutexValue if in_memory is None else in_memory
-
-    def collect(self) -> Iterator[Any]:
-        yield from self.scheduler.collect()
-        if not self.in_memory:
-            return
-        for family in self.registry.collect():
-            if not family.name.startswith("sglang:"):
-                continue
-            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
-            if family.samples:
-                yield family

@@ -53,7 +53,7 @@ from smg_servicer_core.config import (
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_core.health import HealthFrame
-from smg_servicer_core.metrics import EngineMetrics
+from smg_servicer_core.metrics import EngineFamilies, EngineMetrics, multiprocess_folder
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.shutdown import SHUTDOWN_MARGIN
@@ -62,7 +62,7 @@ from smg_servicer_core.tracing import Tracing, start_tracing
 from smg_servicer_core.watchdog import Watchdog
 from smg_servicer_sglang import _sglang as sg
 from smg_servicer_sglang import convert, kv_events, lora, rust_lane
-from smg_servicer_sglang.engine_metrics import RequestMetrics, SglangFamilies
+from smg_servicer_sglang.engine_metrics import RequestMetrics
 from smg_servicer_sglang.request_manager import RequestManager
 from smg_servicer_sglang.servicer import SERVICE_NAME, SglangServicer
 
@@ -372,8 +372,7 @@ def _engine_metrics(manager: RequestManager) -> EngineMetrics | None:
     """SGLang's own families for ``--metrics-port`` (with ``--enable-metrics``)."""
     if manager.metrics is None:
         return None
-    families = SglangFamilies(sg.scheduler_families())
-    return EngineMetrics(families, "sglang")
+    return EngineMetrics(EngineFamilies("sglang:", multiprocess_folder()), "sglang")
 
 
 async def serve_grpc(

@@ -18,7 +18,8 @@
    ``--shutdown-margin`` (15 s) kills the ranks by PID and exits 1 (core's ``shutdown``);
 5. TLS with ``--ssl-certfile``/``--ssl-keyfile`` (mutual TLS with ``--ssl-ca-certs``; core's
    ``tls``), read before the launch: a bad file exits 2;
-6. ``/metrics`` with ``--metrics-port`` (``SMG_TOKENSPEED_SERVICER_METRICS_PORT``).
+6. ``/metrics`` with ``--metrics-port`` (``SMG_TOKENSPEED_SERVICER_METRICS_PORT``); with
+   TokenSpeed's own ``--enable-metrics``, its ``tokenspeed:*`` families beside ours.
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ from typing import Any
 
 import psutil
 
-from smg_servicer_core.cli import check_metrics_port, serve_servicer
+from smg_servicer_core.cli import check_metrics_port, serve_servicer, tracing_from
 from smg_servicer_core.config import ResolvedSettings
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError, ServicerError
 from smg_servicer_core.health import HealthFrame
+from smg_servicer_core.metrics import EngineFamilies, EngineMetrics, multiprocess_folder
 from smg_servicer_core.server import ServerOptions
 from smg_servicer_core.tls import ServerTls, load_server_tls
+from smg_servicer_core.tracing import Tracing
 from smg_servicer_core.watchdog import Watchdog, child_exited
 from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed import convert, kv_events
@@ -184,6 +187,7 @@ async def run(
         own = settings if settings is not None else resolve_settings()
         check_metrics_port(own, int(server_args.port))
         tls = load_server_tls(own)
+        tracing = tracing_from(own, "smg-servicer-tokenspeed")  # a missing SDK: before launch
         kv_events.parse_config(getattr(server_args, "kv_events_config", None))
         launched = _launch(server_args)
     except ConfigError as exc:  # a flag, a variable, or SMG_TOKENSPEED_SCHEDULER unusable
@@ -191,7 +195,16 @@ async def run(
         return ExitCode.CONFIG
     if isinstance(launched, int):
         return launched
-    return await _serve(server_args, own, tls, launched, on_started)
+    return await _serve(server_args, own, tls, launched, on_started, tracing=tracing)
+
+
+def _engine_metrics(server_args: Any) -> EngineMetrics | None:
+    """TokenSpeed's own ``tokenspeed:*`` families with its ``--enable-metrics``: the front end's
+    (its ``AsyncLLM`` counts each request in this process) and what its ranks write to the
+    multi-process folder TokenSpeed sets up."""
+    if not getattr(server_args, "enable_metrics", False):
+        return None
+    return EngineMetrics(EngineFamilies("tokenspeed:", multiprocess_folder()), "tokenspeed")
 
 
 async def _serve(
@@ -200,6 +213,8 @@ async def _serve(
     tls: ServerTls | None,
     launched: ts.Launched,
     on_started: Callable[[int], None] | None,
+    *,
+    tracing: Tracing | None = None,
 ) -> int:
     loop = asyncio.get_running_loop()
     health = HealthFrame(SERVICE_NAME)
@@ -223,7 +238,8 @@ async def _serve(
     try:
         bindings = servicer.bindings()
         return await serve_servicer(
-            servicer, bindings, health, engine, options, resolved=own, on_started=on_started
-        )
+            servicer, bindings, health, engine, options, resolved=own, on_started=on_started,
+            tracing=tracing, engine_metrics=_engine_metrics(server_args),
+        )  # fmt: skip
     finally:
         loop.remove_signal_handler(signal.SIGQUIT)
