@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import subprocess
 import sys
 import time
 import uuid
@@ -24,8 +21,16 @@ import httpx
 import pytest
 
 from smg_it import dashboard
+from smg_it.engine_metrics import (
+    SGLANG_COUNTERS,
+    TOKENSPEED_COUNTERS,
+    VLLM_COUNTERS,
+    completions,
+    counted,
+    tokenspeed_families,
+)
 from smg_it.harness import Worker, free_port
-from smg_servicer_core.testing.metrics import Samples, family_names, scrape, total
+from smg_servicer_core.testing.metrics import family_names, scrape, total
 from smg_servicer_core.testing.otlp import OtlpReceiver, ReceivedSpan
 from smg_servicer_core.testing.requests import STUBS, WIRES, generate_request
 
@@ -280,52 +285,6 @@ def test_the_router_selects_no_sglang_adapter_and_the_request_gets_the_base_mode
 
 
 #: vLLM's counters a completed request moves, by how much: (sample, what of the workload).
-VLLM_COUNTERS = (
-    ("vllm:request_success_total", "requests"),
-    ("vllm:prompt_tokens_total", "prompt_tokens"),
-    ("vllm:generation_tokens_total", "completion_tokens"),
-    ("vllm:time_to_first_token_seconds_count", "requests"),
-)
-
-
-def _workload(base: str, model: str) -> dict[str, int]:
-    """Three greedy completions of 5, 6 and 7 tokens: what they asked for, counted from usage."""
-    done = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
-    for i, max_tokens in enumerate((5, 6, 7)):
-        body = {"model": model, "prompt": f"Count {i}: one two", "max_tokens": max_tokens,
-                "temperature": 0, "ignore_eos": True}  # fmt: skip
-        reply = httpx.post(base + "/v1/completions", json=body, timeout=60)
-        assert reply.status_code == 200, reply.text
-        usage = reply.json()["usage"]
-        assert usage["completion_tokens"] == max_tokens
-        done["requests"] += 1
-        done["prompt_tokens"] += usage["prompt_tokens"]
-        done["completion_tokens"] += max_tokens
-    return done
-
-
-SGLANG_COUNTERS = (
-    ("sglang:num_requests_total", "requests"),
-    ("sglang:prompt_tokens_total", "prompt_tokens"),
-    ("sglang:generation_tokens_total", "completion_tokens"),
-    ("sglang:time_to_first_token_seconds_count", "requests"),
-)
-
-
-def _counted(
-    port: int, workload: dict[str, int], before: Samples, counters=VLLM_COUNTERS
-) -> dict[str, float]:
-    """Each of ``counters``' change since ``before``, once they reach the workload (vLLM records
-    a step's stats just after handing out its outputs) or 10 s passed."""
-    deadline = time.monotonic() + 10
-    while True:
-        now = scrape(port)
-        moved = {name: total(now, name) - total(before, name) for name, _ in counters}
-        if all(moved[n] >= workload[w] for n, w in counters) or time.monotonic() > deadline:
-            return moved
-        time.sleep(0.1)
-
-
 @contextmanager
 def _vllm_http_server(model: Path) -> Iterator[int]:
     """vLLM's own OpenAI HTTP server on the same model and flags, stats on: its port."""
@@ -345,8 +304,8 @@ def test_vllms_own_metrics_count_a_workload_through_the_router(vllm_router) -> N
     generation-token and TTFT counters by exactly that workload."""
     worker, router = vllm_router
     before = scrape(worker.metrics_port)
-    workload = _workload(router.base, _model(router))
-    ours = _counted(worker.metrics_port, workload, before)
+    workload = completions(router.base, _model(router))
+    ours = counted(worker.metrics_port, workload, before)
     assert ours == {name: workload[what] for name, what in VLLM_COUNTERS}
     assert "smg_servicer_rpc_requests" in family_names(worker.metrics_port)
 
@@ -358,12 +317,12 @@ def test_vllms_metric_families_are_the_ones_its_http_server_exports(
     exports for the same model and flags (started here; the same workload counted there too).
     The workspace's vLLM only: the 0.27 job leaves this second engine out (tools/envs/list)."""
     worker, router = vllm_router
-    _workload(router.base, _model(router))
+    completions(router.base, _model(router))
     served = {name for name in family_names(worker.metrics_port) if name.startswith("vllm:")}
     with _vllm_http_server(tiny_model) as port:
         before = scrape(port)
-        workload = _workload(f"http://127.0.0.1:{port}", str(tiny_model))
-        theirs = _counted(port, workload, before)
+        workload = completions(f"http://127.0.0.1:{port}", str(tiny_model))
+        theirs = counted(port, workload, before)
         assert theirs == {name: workload[what] for name, what in VLLM_COUNTERS}
         vllms = {name for name in family_names(port) if name.startswith("vllm:")}
     assert vllms, "vLLM's HTTP server exports vllm:* families"
@@ -377,85 +336,11 @@ def test_sglangs_own_metrics_count_a_workload_through_the_router(sglang_router) 
     folder) are there too."""
     worker, router = sglang_router
     before = scrape(worker.metrics_port)
-    workload = _workload(router.base, _model(router))
-    ours = _counted(worker.metrics_port, workload, before, SGLANG_COUNTERS)
+    workload = completions(router.base, _model(router))
+    ours = counted(worker.metrics_port, workload, before, SGLANG_COUNTERS)
     assert ours == {name: workload[what] for name, what in SGLANG_COUNTERS}
     families = family_names(worker.metrics_port)
     assert {"sglang:num_running_reqs", "smg_servicer_rpc_requests"} <= families
-
-
-@contextmanager
-def _sglang_http_server(model: Path) -> Iterator[int]:
-    """SGLang's own OpenAI HTTP server on the same model and CPU flags, metrics on: its port."""
-    from smg_it.paths import sglang_python
-    from smg_servicer_sglang.testing import CPU_ENV, CPU_FLAGS
-
-    port = free_port()
-    cmd = [str(sglang_python()), "-m", "sglang.launch_server", "--model-path", str(model),
-           *CPU_FLAGS, "--enable-metrics", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    with Worker(cmd, port, start_timeout_s=240, env=CPU_ENV):
-        yield port
-
-
-def _sglang_http_layer_families() -> set[str]:
-    """The families SGLang's HTTP layer defines (``sglang.srt.observability.http_request_metrics``:
-    HTTP requests and responses, routing keys), which a gRPC worker has no HTTP layer to count;
-    read from that module's source in SGLang's environment."""
-    from smg_it.paths import sglang_python
-    from smg_servicer_sglang.testing import CPU_ENV
-
-    where = subprocess.run(
-        [str(sglang_python()), "-c", "import importlib.util as u; print(u.find_spec("
-         "'sglang.srt.observability.http_request_metrics').origin)"],
-        check=True, capture_output=True, text=True, timeout=60, env={**os.environ, **CPU_ENV},
-    ).stdout.strip()  # fmt: skip
-    names = re.findall(r'name="(sglang:[a-z0-9_:]+)"', Path(where).read_text())
-    return {name.removesuffix("_total") for name in names}
-
-
-def test_sglangs_metric_families_are_the_ones_its_http_server_exports(
-    sglang_router, tiny_model
-) -> None:
-    """The ``sglang:*`` families of a worker's ``/metrics`` are the ones SGLang's own HTTP server
-    exports for the same model and flags (started here; the same workload counted there too),
-    less its HTTP layer's (``http_requests``, ``http_responses``...: a gRPC worker's calls are
-    counted by ``smg_servicer_rpc_*``).
-    SGLang 0.5.23 only: the 0.5.20 job leaves this second engine out (tools/envs/list)."""
-    worker, router = sglang_router
-    _workload(router.base, _model(router))
-    served = {name for name in family_names(worker.metrics_port) if name.startswith("sglang:")}
-    with _sglang_http_server(tiny_model) as port:
-        before = scrape(port)
-        workload = _workload(f"http://127.0.0.1:{port}", str(tiny_model))
-        theirs = _counted(port, workload, before, SGLANG_COUNTERS)
-        assert theirs == {name: workload[what] for name, what in SGLANG_COUNTERS}
-        sglangs = {name for name in family_names(port) if name.startswith("sglang:")}
-    assert sglangs, "SGLang's HTTP server exports sglang:* families"
-    http_layer = _sglang_http_layer_families()
-    assert http_layer <= sglangs  # what its HTTP layer adds, read from SGLang's source
-    assert served == sglangs - http_layer, (sorted(served - sglangs), sorted(sglangs - served))
-
-
-TOKENSPEED_COUNTERS = (
-    ("tokenspeed:num_requests_total", "requests"),
-    ("tokenspeed:prompt_tokens_total", "prompt_tokens"),
-    ("tokenspeed:generation_tokens_total", "completion_tokens"),
-    ("tokenspeed:time_to_first_token_seconds_count", "requests"),
-)
-
-
-def _tokenspeed_families() -> set[str]:
-    """Every ``tokenspeed:*`` family TokenSpeed defines (its metrics module, read from its
-    source in TokenSpeed's environment): TokenSpeed has no HTTP server of its own to compare
-    with, so its definitions are the reference."""
-    from smg_it.paths import tokenspeed_python
-
-    where = subprocess.run(
-        [str(tokenspeed_python()), "-c", "import importlib.util as u; print(u.find_spec("
-         "'tokenspeed.runtime.metrics.collector').origin)"],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    return set(re.findall(r'name="(tokenspeed:[a-z0-9_:]+)"', Path(where).read_text()))
 
 
 def test_tokenspeeds_own_metrics_count_a_workload_through_the_router(tokenspeed_router) -> None:
@@ -465,10 +350,10 @@ def test_tokenspeeds_own_metrics_count_a_workload_through_the_router(tokenspeed_
     scheduler's stand-in here writes none of the ranks' families)."""
     worker, router = tokenspeed_router
     before = scrape(worker.metrics_port)
-    workload = _workload(router.base, _model(router))
-    ours = _counted(worker.metrics_port, workload, before, TOKENSPEED_COUNTERS)
+    workload = completions(router.base, _model(router))
+    ours = counted(worker.metrics_port, workload, before, TOKENSPEED_COUNTERS)
     assert ours == {name: workload[what] for name, what in TOKENSPEED_COUNTERS}
     served = {n for n in family_names(worker.metrics_port) if n.startswith("tokenspeed:")}
-    defined = _tokenspeed_families()
+    defined = tokenspeed_families()
     assert served, "the worker serves tokenspeed:* families"
     assert served <= defined, sorted(served - defined)
