@@ -34,7 +34,8 @@ def _generate(url: str) -> dict[str, int]:
     with grpc.insecure_channel(url.removeprefix("grpc://")) as channel:
         stub = STUBS["sglang"](channel)
         for i, max_tokens in enumerate((5, 6, 7)):
-            request = generate_request("sglang", [11 + i, 12, 13, 14], max_tokens=max_tokens)
+            ids = [11, 12, 13, 14, 20 + i]  # a shared prefix: later ones hit the cache
+            request = generate_request("sglang", ids, max_tokens=max_tokens)
             request.sampling_params.ignore_eos = True
             [reply] = list(stub.Generate(request, timeout=120))
             assert reply.complete.completion_tokens == max_tokens
