@@ -51,11 +51,12 @@ def test_sglangs_metric_families_are_the_ones_its_http_server_exports(tiny_model
     layer's (``http_requests``, ``http_responses``...: read from SGLang's source; a gRPC
     worker's calls are counted by ``smg_servicer_rpc_*``). The same workload moves the same
     counters by exactly itself on both."""
-    worker = metered_worker("sglang", tiny_model, free_port(), free_port(), engine_stats=True)
+    metrics_port = free_port()
+    worker = metered_worker("sglang", tiny_model, free_port(), metrics_port, engine_stats=True)
     with worker:
-        before = scrape(worker.metrics_port)
-        ours = counted(worker.metrics_port, _generate(worker.url), before, SGLANG_COUNTERS)
-        served = {n for n in family_names(worker.metrics_port) if n.startswith("sglang:")}
+        before = scrape(metrics_port)
+        ours = counted(metrics_port, _generate(worker.url), before, SGLANG_COUNTERS)
+        served = {n for n in family_names(metrics_port) if n.startswith("sglang:")}
     with sglang_http_server(tiny_model) as port:
         before = scrape(port)
         workload = completions(f"http://127.0.0.1:{port}", str(tiny_model))

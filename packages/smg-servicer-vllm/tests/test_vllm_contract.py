@@ -209,6 +209,9 @@ async def test_a_constraint_shaped_from_the_first_token_starts_there_in_vllm(
 
     engine = FakeAsyncLLM()
     seen: list[dict[str, Any]] = []
+    request = generate_request("vllm", [1, 2], max_tokens=2)
+    for field, value in constraint.items():
+        setattr(request.sampling_params, field, value)
     generate = engine.generate
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -216,7 +219,6 @@ async def test_a_constraint_shaped_from_the_first_token_starts_there_in_vllm(
         return generate(*args, **kwargs)
 
     engine.generate = spy  # type: ignore[method-assign]
-    request = generate_request("vllm", [1, 2], max_tokens=2, **constraint)
     request.sampling_params.grammar_from_first_token = flag
     async with serve_llm(engine) as (_, stub):
         async for _ in stub.Generate(request):
