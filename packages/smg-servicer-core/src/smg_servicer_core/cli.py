@@ -227,10 +227,9 @@ async def serve_servicer(
 ) -> int:
     """``serve()`` for a launcher: ``/metrics`` when ``--metrics-port`` is set (the servicer
     reports to it; ``engine_metrics``: the engine's own, served beside), request spans with
-    ``tracing`` (default: ``--otlp-traces-endpoint``'s), the
-    drain ending as soon as the servicer's registry is empty. A port that cannot be bound or a
-    tracing SDK that is missing gives exit 2, any other failure exit 1, the engine shut down
-    either way."""
+    ``tracing`` (default: ``--otlp-traces-endpoint``'s), the drain ending as soon as the
+    servicer's registry is empty. A port that cannot be bound or a tracing SDK that is missing
+    gives exit 2, any other failure exit 1, the engine shut down either way."""
     try:
         servicer.attach_tracing(tracing or tracing_from(resolved, servicer.service_name()))
         metrics = start_metrics(resolved, engine_metrics, tls=options.tls)
