@@ -141,6 +141,27 @@ async def test_warm_up_gates_serving_then_streams(stack: Stack) -> None:
     assert responses[-1].complete.completion_tokens == 3
 
 
+async def test_metrics_that_fail_stop_alone_and_the_request_is_served(stack: Stack) -> None:
+    """SGLang's own metrics (``--enable-metrics``) that raise are switched off with a warning;
+    the scheduler stream, the request and health go on."""
+    from smg_servicer_sglang.engine_metrics import RequestMetrics
+
+    class _Broken:
+        labels: dict[str, str] = {}
+
+        def observe_time_to_first_token(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("a collector that broke")
+
+        def observe_one_finished_request(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("a collector that broke")
+
+    stack.manager.metrics = RequestMetrics(_Broken())
+    responses = [r async for r in stack.stub.Generate(gen("m"))]
+    assert responses[-1].complete.completion_tokens == 3
+    assert stack.manager.metrics is None
+    assert await engine_status(stack) == health_pb2.HealthCheckResponse.SERVING
+
+
 @pytest.mark.parametrize(
     ("status", "code"),
     [

@@ -379,7 +379,10 @@ class RequestManager:
         if isinstance(obj, sg.BatchTokenIDOutput):
             times = None
             if self.metrics is not None:  # what SGLang's metrics read of the scheduler's clock
-                times = sg.unwrap_from_pickle(getattr(obj, "time_stats", None))
+                try:
+                    times = sg.unwrap_from_pickle(getattr(obj, "time_stats", None))
+                except Exception as exc:  # observability never stops serving
+                    self._metrics_failed(exc)
             for i, rid in enumerate(obj.rids or []):
                 self._deliver(rid, lambda i=i: _token_output(obj, i, self.drafts_per_verify, times))
         elif isinstance(obj, sg.BatchEmbeddingOutput):
@@ -418,5 +421,14 @@ class RequestManager:
         if output.finish is not None:
             state.finished = True
         if self.metrics is not None:
-            self.metrics.output(rid, output)
+            try:
+                self.metrics.output(rid, output)
+            except Exception as exc:  # observability never stops serving
+                self._metrics_failed(exc)
         state.wake.set()
+
+    def _metrics_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "SGLang's own metrics stopped (%s); requests are served on", type(exc).__name__
+        )
+        self.metrics = None

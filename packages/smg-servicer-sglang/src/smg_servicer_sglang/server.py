@@ -217,7 +217,11 @@ async def _start(
     asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_signal)
     manager = RequestManager(port_args, sg.dp_size(), drafts_per_verify=sg.drafts_per_verify())
     # Before the launch: the ranks inherit where to write their metrics.
-    collector = sg.tokenizer_metrics(server_args)
+    try:
+        collector = sg.tokenizer_metrics(server_args)
+    except Exception as exc:  # observability never stops serving
+        logger.warning("SGLang's own metrics are off (%s)", type(exc).__name__)
+        collector = None
     if collector is not None:
         manager.metrics = RequestMetrics(collector, prefill_only=sg.prefill_only())
     try:
