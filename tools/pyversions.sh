@@ -28,7 +28,7 @@ for version in "${versions[@]}"; do
     venv=".cache/py$version"
     rm -rf "$venv"
     uv venv --quiet --python "$python" "$venv"
-    packages=(-e "packages/smg-servicer-core[testing,tls,zmq]" -e packages/smg-servicer-kv-bridge
+    packages=(-e "packages/smg-servicer-core[testing,tls,zmq,tracing]" -e packages/smg-servicer-kv-bridge
               -e packages/smg-grpc-servicer -e "packages/smg-servicer-mm-sidecar[redis]")
     facade=(packages/smg-grpc-servicer/tests -k
             "version_satisfies or vllm_redis_extra or sidecar_path_names")
