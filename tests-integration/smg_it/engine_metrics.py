@@ -90,10 +90,11 @@ def sglang_http_server(model: Path) -> Iterator[int]:
 def _defined(python: Path, module: str, prefix: str) -> set[str]:
     """The metric names ``module`` defines (``name="prefix..."``), read from its source in the
     environment of ``python``; counters as their families (no ``_total``)."""
+    from smg_servicer_sglang.testing import CPU_ENV  # SGLang imports its CPU paths only so
+
     where = subprocess.run(
         [str(python), "-c", f"import importlib.util as u; print(u.find_spec({module!r}).origin)"],
-        check=True, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"},
+        check=True, capture_output=True, text=True, timeout=60, env={**os.environ, **CPU_ENV},
     ).stdout.strip()  # fmt: skip
     names = re.findall(rf'name="({re.escape(prefix)}[a-z0-9_:]+)"', Path(where).read_text())
     return {name.removesuffix("_total") for name in names}

@@ -56,7 +56,7 @@ REQUEST = pb.GenerateRequest(request_id="bench", sampling_params=pb.SamplingPara
 TRACED = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
 ARMS = ("off", "metrics", "tracing, no context", "tracing, traced", "both, traced")
 _RECEIVER = (
-    "import sys, time\n"
+    "import sys\n"
     "from smg_servicer_core.testing.otlp import OtlpReceiver\n"
     "with OtlpReceiver() as r:\n"
     "    print(r.endpoint, flush=True)\n"

@@ -227,11 +227,11 @@ async def serve_servicer(
 ) -> int:
     """``serve()`` for a launcher: ``/metrics`` when ``--metrics-port`` is set (the servicer
     reports to it; ``engine_metrics``: the engine's own, served beside), request spans with
-    ``tracing`` (default: ``--otlp-traces-endpoint``'s), the drain ending as soon as the
-    servicer's registry is empty. A port that cannot be bound or a tracing SDK that is missing
-    gives exit 2, any other failure exit 1, the engine shut down either way."""
+    ``tracing`` (the launcher starts it before its engine: :func:`tracing_from`), the drain
+    ending as soon as the servicer's registry is empty. A port that cannot be bound gives exit 2,
+    any other failure exit 1, the engine shut down either way."""
     try:
-        servicer.attach_tracing(tracing or tracing_from(resolved, servicer.service_name()))
+        servicer.attach_tracing(tracing)
         metrics = start_metrics(resolved, engine_metrics, tls=options.tls)
         if metrics is not None:
             servicer.attach_metrics(metrics[0])
@@ -244,7 +244,7 @@ async def serve_servicer(
             in_flight=lambda: len(servicer.registry),
             metrics_server=metrics[1] if metrics else None,
         )
-    except ConfigError as exc:  # the port cannot be bound, tracing cannot start
+    except ConfigError as exc:  # the port cannot be bound
         logger.error("%s", exc)
         await engine.shutdown()
         return ExitCode.CONFIG
