@@ -1,5 +1,6 @@
 """A cancel storm on the real engines: 1,000 requests (``SMG_STORM_REQUESTS``), 32 at a time, each
-ended at a random point by the Abort RPC, a client cancel or a deadline. Afterwards the servicer
+ended at a random point by the Abort RPC, a client cancel or a deadline (a streamed one after 0-6
+of its messages, one that is not streamed 0-50 ms after it was sent). Afterwards the servicer
 tracks 0 requests, the engine holds 0, ``active_requests`` is 0, the engine makes no more tokens
 (vLLM: its own ``vllm:generation_tokens_total`` stands still; its front end's count of unfinished
 requests is not the engine core's), and its log has no traceback.
@@ -43,12 +44,18 @@ LEAK_BOUND = 0.05
 
 async def one(target: Target, stub: Any, index: int, rng: random.Random) -> tuple[str, str]:
     how = rng.choice(("abort", "cancel", "deadline"))
-    after = rng.randint(0, 6)  # messages read before the end (0: before the first arrives)
+    stream = rng.random() < 0.8
+    # Messages read before the end (0: before the first arrives). A request that is not streamed
+    # has one message, its whole answer: reading it is a finish, not an end by the client, so
+    # it is ended at a random point while it runs instead (before its answer, or just as it
+    # comes).
+    after = rng.randint(0, 6) if stream else 0
+    pause = 0.0 if stream else rng.uniform(0.0, 0.05)
     rid = f"storm-{index}"
     request = target.request(
         [rng.randrange(10, target.vocab_size) for _ in range(rng.randint(1, 24))],
         max_tokens=rng.choice((8, 64, 256)),
-        stream=rng.random() < 0.8,
+        stream=stream,
         request_id=rid,
         ignore_eos=True,
     )
@@ -58,6 +65,8 @@ async def one(target: Target, stub: Any, index: int, rng: random.Random) -> tupl
         for _ in range(after if how != "deadline" else 10**6):
             if await call.read() is grpc.aio.EOF:
                 return how, "OK"
+        if pause:
+            await asyncio.sleep(pause)
         if how == "cancel":
             call.cancel()
             return how, "CANCELLED"
