@@ -6,6 +6,7 @@ INVALID_ARGUMENT (or UNAVAILABLE past ``--mm-max-inflight``) and leaves the work
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from multiprocessing import shared_memory
@@ -498,6 +499,33 @@ async def test_the_worker_advertises_its_media_processing(vlm) -> None:
     assert info.shm_namespace_id.count(":") == 1
     model = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert model.supports_vision
+
+
+async def test_device_normalization_is_the_engines_own_and_then_takes_uint8_pixels(
+    vlm, vlm_llm, ids
+) -> None:
+    """``mm_device_do_normalize`` is vLLM's resolved setting (Idefics3 does not normalize on the
+    device, so vLLM resolves it off), and with it on the worker takes pixels only as uint8:
+    float pixels, already normalized by a processor, would be normalized twice."""
+    servicer, stub = vlm
+    info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+    # (a vLLM before the setting has none: off)
+    own = getattr(vlm_llm.model_config.multimodal_config, "mm_device_do_normalize", False)
+    assert info.mm_device_do_normalize is own is False
+    engine_input = await processed(vlm_llm, ids["one"], [png_image(40, 50, seed=1)])
+    facts = servicer.multimodal.tensor_facts
+    servicer.multimodal.tensor_facts = dataclasses.replace(facts, device_normalize=True)
+    try:
+        error = await refused(stub, tensor_request(engine_input, ids["<image>"]))
+    finally:
+        servicer.multimodal.tensor_facts = facts
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        "mm_inputs.pixel_values: this worker normalizes pixels on its device and takes them as "
+        "uint8, not float32"
+    )
+    ok = await complete(stub, tensor_request(engine_input, ids["<image>"]))
+    assert ok.completion_tokens == MAX_TOKENS
 
 
 async def test_processing_off_advertises_no_processor_but_still_vision(vlm_llm, serve_llm) -> None:

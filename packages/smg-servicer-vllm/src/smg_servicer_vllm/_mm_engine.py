@@ -138,7 +138,7 @@ def _placeholders(
     return ranges
 
 
-def _tensors(batch: Any, where: str, modality: str, model_dtype: torch.dtype) -> dict[str, Any]:
+def _tensors(batch: Any, where: str, modality: str, facts: TensorFacts) -> dict[str, Any]:
     if not batch.HasField("pixel_values"):
         raise InvalidRequest(f"{where}: pixel_values is missing")
     key = batch.encoder_input_key or "pixel_values"
@@ -146,6 +146,13 @@ def _tensors(batch: Any, where: str, modality: str, model_dtype: torch.dtype) ->
         key = "pixel_values_videos"
     tensors = {key: to_torch(read_tensor(batch.pixel_values, f"{where}.pixel_values"))}
     pixels = tensors[key]
+    if facts.device_normalize and pixels.dtype != torch.uint8:
+        # The engine rescales and normalizes on its device (the mm_device_do_normalize label):
+        # pixels a processor already normalized would be normalized twice.
+        raise InvalidRequest(
+            f"{where}.pixel_values: this worker normalizes pixels on its device and takes them "
+            f"as uint8, not {str(pixels.dtype).removeprefix('torch.')}"
+        )
     if pixels.is_floating_point() and pixels.dim() > 1 and pixels.shape[0]:
         # Idefics2/3-style towers drop an all-zero tile as padding: the item then makes no
         # embeddings and the engine fails on it and dies. A real image never normalizes to
@@ -164,7 +171,7 @@ def _tensors(batch: Any, where: str, modality: str, model_dtype: torch.dtype) ->
         if total > MAX_TENSOR_BYTES:
             raise InvalidRequest(f"{where}: the tensors are over {MAX_TENSOR_BYTES} bytes")
     return {
-        name: t.to(model_dtype) if t.is_floating_point() and t.dtype != model_dtype else t
+        name: t.to(facts.dtype) if t.is_floating_point() and t.dtype != facts.dtype else t
         for name, t in tensors.items()
     }
 
@@ -216,7 +223,7 @@ def _batch(
     modality, count = mm.batch_modality(batch, where)
     if facts.limits and not facts.limits.get(modality):
         raise InvalidRequest(f"{where}: this model does not accept {modality} input")
-    tensors = _tensors(batch, where, modality, facts.dtype)
+    tensors = _tensors(batch, where, modality, facts)
     config = _field_config(batch, where, modality, tensors, count)
     try:
         split = MultiModalKwargsItems.from_hf_inputs(tensors, config)  # pyright: ignore[reportArgumentType]
@@ -280,6 +287,9 @@ class TensorFacts:
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict[str, int])
     #: What an item of a modality looks like, learnt from vLLM's processor (none: not known).
     layouts: Mapping[str, ItemLayout] = dataclasses.field(default_factory=dict[str, ItemLayout])
+    #: The engine rescales and normalizes pixels on its device (vLLM's
+    #: ``mm_device_do_normalize``): it takes them as uint8.
+    device_normalize: bool = False
 
 
 def tensor_input(request: Any, ids: list[int], facts: TensorFacts) -> Any:
@@ -488,7 +498,21 @@ def tensor_facts(
     """What building a tensor request needs; with ``limits`` (the items per prompt the worker
     takes), the item layouts too (:func:`item_layouts`)."""
     limits = dict(limits or {})
-    return TensorFacts(model_dtype(engine), max_embeds, limits, item_layouts(engine, limits))
+    return TensorFacts(
+        model_dtype(engine),
+        max_embeds,
+        limits,
+        item_layouts(engine, limits),
+        device_normalize=device_normalizes(engine),
+    )
+
+
+def device_normalizes(engine: Any) -> bool:
+    """vLLM's own ``mm_device_do_normalize`` (0.32+; resolved from the model's support and the
+    flag): the engine rescales and normalizes pixels on its device. False for a text model and
+    for a vLLM without it."""
+    config = getattr(engine.model_config, "multimodal_config", None)
+    return bool(getattr(config, "mm_device_do_normalize", False))
 
 
 def mm_facts(engine: Any) -> MmFacts:
@@ -516,6 +540,7 @@ def mm_facts(engine: Any) -> MmFacts:
         anchors=_anchor_tokens(getattr(mc, "hf_config", None)),
         encoder_budget=budget,
         max_embeds_per_item=max_embeds,
+        device_normalize=device_normalizes(engine),
     )
 
 

@@ -210,6 +210,8 @@ class MmFacts:
     anchors: Mapping[str, int] = field(default_factory=dict[str, int])
     encoder_budget: int = 0
     max_embeds_per_item: Mapping[str, int] = field(default_factory=dict[str, int])
+    #: vLLM's ``mm_device_do_normalize``: the engine normalizes pixels on its device.
+    device_normalize: bool = False
 
 
 def item_limits(

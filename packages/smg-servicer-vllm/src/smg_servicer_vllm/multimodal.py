@@ -186,6 +186,7 @@ class MultimodalPath:
             "shm_namespace_id": shm_namespace_id(),
             "mm_item_limits": format_limits(self.limits),
             "mm_encoder_budget": self.facts.encoder_budget,
+            "mm_device_do_normalize": self.facts.device_normalize,
         }
         if self.advertised:
             fields |= {
