@@ -47,6 +47,7 @@ from smg_servicer_core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidRequest,
+    Unavailable,
     Unsupported,
     grpc_errors,
 )
@@ -387,17 +388,23 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         return labels
 
     async def _is_paused(self) -> bool:
-        """The scheduler's pause state, waited for at most the probe timeout; a probe still
-        pending is reused by the next call instead of piling up another. An encode loop has no
-        pause state and answers no probe: not paused."""
+        """The scheduler's own pause state (TokenSpeed's ``pause_scheduler`` until
+        ``resume_scheduler``, as its RL control app's ``/pause_generation`` and
+        ``/continue_generation`` drive them), waited for at most the probe timeout; a probe
+        still pending is reused by the next call instead of piling up another. A scheduler that
+        does not answer in time, or a probe that fails, is UNAVAILABLE: not reported as serving.
+        An encode loop has no pause state and answers no probe: not paused."""
         if self.encode_role:
             return False
         probe = self._pause_probe
         if probe is None or probe.done():
             probe = self._pause_probe = asyncio.ensure_future(self.llm.is_scheduler_paused())
-        await asyncio.wait({probe}, timeout=setting_value(PAUSE_PROBE_TIMEOUT))
-        if not probe.done() or probe.cancelled() or probe.exception() is not None:
-            return False
+        wait_s = setting_value(PAUSE_PROBE_TIMEOUT)
+        await asyncio.wait({probe}, timeout=wait_s)
+        if not probe.done():
+            raise Unavailable(f"the scheduler did not say within {wait_s:g} s whether it is paused")
+        if probe.cancelled() or probe.exception() is not None:
+            raise Unavailable("the scheduler could not say whether it is paused")
         return bool(probe.result())
 
     @grpc_errors

@@ -32,7 +32,7 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
 
 @pytest.fixture(scope="session")
 def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
-    metrics_port = free_port()
+    metrics_port, control_port = free_port(), free_port()
     kv_config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -45,12 +45,14 @@ def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
         "--enable-output-logprobs",
         "--reasoning-parser", "qwen3",
         "--rl-control-api-key", SECRET,
+        "--rl-control-port", str(control_port),
         "--kv-events-config", json.dumps(kv_config),
         env={"SMG_TOKENSPEED_SERVICER_METRICS_PORT": str(metrics_port)},
         step_ms=2,
         refuse={"refuse-400": 400, "refuse-503": 503, "refuse-500": 500},
     )  # fmt: skip
     server.metrics_port = metrics_port
+    server.control_port = control_port  # TokenSpeed's RL control app (pause, resume)
     try:
         server.wait_serving()
         yield server

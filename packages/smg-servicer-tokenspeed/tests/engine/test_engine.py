@@ -424,6 +424,41 @@ async def test_server_info_is_json_safe_and_holds_no_secret(stub: Any) -> None:
 
 
 @pytest.mark.standin
+async def test_is_paused_follows_tokenspeeds_own_pause_and_resume(
+    ts_server: WorkerProcess, stub: Any, record: Record
+) -> None:
+    """TokenSpeed's own RL control app (``--rl-control-port``, in the worker's process) pauses
+    its scheduler: ``is_paused`` is the scheduler's answer, True until the app resumes it; a
+    request sent meanwhile waits (TokenSpeed holds admission) and is served after the resume."""
+    import httpx
+
+    await idle(stub)
+    control = f"http://127.0.0.1:{ts_server.control_port}"
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    async with httpx.AsyncClient(base_url=control, headers=auth, timeout=30) as http:
+        info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert not info.is_paused
+        paused = await http.post("/pause_generation", json={"mode": "keep"})
+        assert paused.status_code == 200, paused.text
+        waiting: asyncio.Task[list[pb.GenerateResponse]] | None = None
+        try:
+            assert (await stub.GetServerInfo(pb.GetServerInfoRequest())).is_paused
+            waiting = asyncio.ensure_future(
+                collect(stub, request(PROMPT, sampling={"max_new_tokens": 3}))
+            )
+            done, _ = await asyncio.wait({waiting}, timeout=0.5)
+            assert not done, "a request was served while the scheduler was paused"
+        finally:
+            resumed = await http.post("/continue_generation")
+        assert resumed.status_code == 200, resumed.text
+        assert not (await stub.GetServerInfo(pb.GetServerInfoRequest())).is_paused
+        assert waiting is not None
+        served = await asyncio.wait_for(waiting, 30)
+    assert list(served[-1].complete.output_ids) == expected(PROMPT, 3)
+    assert {"type": "pause", "mode": "keep", "running": 0} in record.entries()
+
+
+@pytest.mark.standin
 async def test_loads_follow_the_scheduler(stub: Any) -> None:
     await idle(stub)
     loads = await stub.GetLoads(pb.GetLoadsRequest())
@@ -541,3 +576,47 @@ async def test_metrics_count_a_known_workload_exactly(stub: Any, ts_server: Work
     assert work.codes == {"OK": 4, "INVALID_ARGUMENT": 1}
     assert_workload_counted(samples, work, before)
     assert engine_gauge(samples, "running_requests") == 0  # one rank: dp_rank 0
+
+
+class _Silent:
+    """A front end whose scheduler never answers the pause probe (a hung scheduler), or fails it."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.asked = 0
+
+    async def is_scheduler_paused(self) -> bool:
+        self.asked += 1
+        if self.fail:
+            raise RuntimeError("the scheduler's socket is closed")
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fail", [False, True], ids=["hangs", "fails"])
+async def test_a_pause_state_the_scheduler_does_not_give_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """Not "serving": a probe that times out or fails makes GetServerInfo UNAVAILABLE, and a
+    pending probe is reused by the next call instead of piling up another."""
+    from smg_servicer_core.errors import Unavailable
+    from smg_servicer_tokenspeed.servicer import TokenSpeedServicer
+
+    monkeypatch.setenv("TOKENSPEED_PAUSE_PROBE_TIMEOUT", "0.05")
+    servicer = object.__new__(TokenSpeedServicer)  # only what the probe reads
+    servicer.encode_role = False
+    servicer._pause_probe = None
+    servicer.llm = llm = _Silent(fail)
+    for _ in range(2):
+        with pytest.raises(Unavailable) as refused:
+            await servicer._is_paused()
+    expected_asks = 2 if fail else 1
+    assert llm.asked == expected_asks
+    assert str(refused.value) == (
+        "the scheduler could not say whether it is paused"
+        if fail
+        else "the scheduler did not say within 0.05 s whether it is paused"
+    )
+    if servicer._pause_probe is not None:
+        servicer._pause_probe.cancel()

@@ -155,6 +155,11 @@ class StandIn:
             self.receiver = io.IpcReceiver(self.pull)
             self.sender = io.IpcSender(self.push)
         self.running: dict[str, _Req] = {}
+        #: TokenSpeed's pause (``PauseSchedulerReqInput``): None, or the mode it was paused in;
+        #: what arrives meanwhile waits in ``held`` for the resume.
+        self.paused: str | None = None
+        self.held: list[Any] = []
+        self.pause_reply_due = False
         self.profiling = False
         self.epoch = uuid.uuid4().hex
         self.sequence = 0
@@ -216,8 +221,11 @@ class StandIn:
             timeout_ms = int((self.step_s if self.running else HEARTBEAT_S) * 1000) or 1
             if poller.poll(timeout_ms):
                 self.receive()
-            if self.running:
+            if self.running and self.paused in (None, "wait"):
                 self.step()
+            if self.pause_reply_due and not self.running:
+                self.pause_reply_due = False  # "wait": answered once the running ones finished
+                self.sender.send_pyobj(self.io.PauseSchedulerReqOutput(success=True))
             self.publish_load()
         logger.info("stand-in scheduler: stopping (%d request(s) running)", len(self.running))
         if self.msgpack:
@@ -238,7 +246,10 @@ class StandIn:
     def handle(self, obj: Any) -> None:
         io = self.io
         if isinstance(obj, io.TokenizedGenerateReqInput):
-            self.generate(obj)
+            if self.paused is not None:
+                self.held.append(obj)
+            else:
+                self.generate(obj)
         elif isinstance(obj, io.AbortReq):
             self._record({"type": "abort", "rid": obj.rid})
             self.running.pop(str(obj.rid), None)
@@ -259,11 +270,45 @@ class StandIn:
                 self.profiling = start
                 message = "profiling started" if start else "profiling stopped"
                 self.sender.send_pyobj(io.ProfileReqOutput(success=True, message=message))
-        elif isinstance(obj, io.IsSchedulerPausedReqInput):
-            self.sender.send_pyobj(io.IsSchedulerPausedReqOutput(is_paused=False))
+        elif isinstance(
+            obj,
+            (io.PauseSchedulerReqInput, io.ResumeSchedulerReqInput, io.IsSchedulerPausedReqInput),
+        ):
+            self.pause_control(obj)
         else:
             self._record({"type": type(obj).__name__})
             logger.info("stand-in scheduler ignores %s", type(obj).__name__)
+
+    def pause_control(self, obj: Any) -> None:
+        """TokenSpeed's pause, its resume and the question whether it is paused."""
+        io = self.io
+        if isinstance(obj, io.PauseSchedulerReqInput):
+            self.pause(str(obj.mode))
+        elif isinstance(obj, io.ResumeSchedulerReqInput):
+            self._record({"type": "resume", "held": len(self.held)})
+            self.paused = None
+            held, self.held = self.held, []
+            for request in held:
+                self.generate(request)
+            self.sender.send_pyobj(io.ResumeSchedulerReqOutput(success=True))
+        else:
+            paused = self.paused is not None
+            self.sender.send_pyobj(io.IsSchedulerPausedReqOutput(is_paused=paused))
+
+    def pause(self, mode: str) -> None:
+        """TokenSpeed's pause: "wait" lets the running requests finish before it answers,
+        "keep" freezes them where they are; both hold new requests until the resume. "abort"
+        (which ends them) is not stood in: refused, so no test takes it for TokenSpeed's."""
+        self._record({"type": "pause", "mode": mode, "running": len(self.running)})
+        if mode not in ("wait", "keep"):
+            message = f"the stand-in scheduler does not pause in {mode!r} mode"
+            self.sender.send_pyobj(self.io.PauseSchedulerReqOutput(success=False, message=message))
+            return
+        self.paused = mode
+        if mode == "wait" and self.running:
+            self.pause_reply_due = True
+        else:
+            self.sender.send_pyobj(self.io.PauseSchedulerReqOutput(success=True))
 
     def generate(self, obj: Any) -> None:
         rid = str(obj.rid)
