@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -13,35 +11,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from smg_it.harness import free_port
 from smg_it.kv import KvEvents, kv_prompt
-from smg_it.sglang_suite import Server, start_server
+from smg_it.sglang_suite import Server
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
-
-
-@pytest.fixture(scope="module")
-def kv_server(tiny_model: Path) -> Iterator[Server]:
-    """A small KV pool (2,048 tokens) so that new prompts evict old blocks: BlockRemoved."""
-    config = {
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{free_port()}",
-        "replay_endpoint": f"tcp://*:{free_port()}",
-    }
-    server = start_server(
-        tiny_model,
-        "--kv-events-config", json.dumps(config),
-        "--max-total-tokens", "2048",
-        env={"SMG_SGLANG_SERVICER_WARMUP": "off"},
-    )  # fmt: skip
-    try:
-        server.wait_serving()
-        yield server
-    finally:
-        assert server.stop() == 0, server.tail()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
