@@ -31,8 +31,14 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
 
 
 @pytest.fixture(scope="session")
-def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
-    metrics_port, control_port = free_port(), free_port()
+def control_port() -> int:
+    """The session worker's TokenSpeed RL control app (``--rl-control-port``: pause, resume)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def ts_server(tiny_model: Path, record: Record, control_port: int) -> Iterator[WorkerProcess]:
+    metrics_port = free_port()
     kv_config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -52,7 +58,6 @@ def ts_server(tiny_model: Path, record: Record) -> Iterator[WorkerProcess]:
         refuse={"refuse-400": 400, "refuse-503": 503, "refuse-500": 500},
     )  # fmt: skip
     server.metrics_port = metrics_port
-    server.control_port = control_port  # TokenSpeed's RL control app (pause, resume)
     try:
         server.wait_serving()
         yield server
