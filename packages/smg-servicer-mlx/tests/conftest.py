@@ -63,3 +63,9 @@ async def mlx_served(tiny_model: Path, engine_options: dict[str, Any]) -> AsyncI
 @pytest.fixture
 def mlx_stack(mlx_served: Served) -> tuple[object, object, object]:
     return mlx_served.engine, mlx_served.servicer, mlx_served.stub
+
+
+@pytest.fixture
+def serve_model() -> Any:
+    """``async with serve_model(model_dir, engine_options) as served``: another model served."""
+    return serving
