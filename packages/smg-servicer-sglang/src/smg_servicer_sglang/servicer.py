@@ -343,7 +343,9 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             server_args=_struct(sg.settings(self.server_args, self.config)),
             scheduler_info=_struct(self.scheduler_info),
             active_requests=len(self.registry),
-            is_paused=False,
+            # is_paused is left unset: SGLang's pause (/pause_generation) is its HTTP server's
+            # tokenizer manager's, which gRPC mode does not run, and no RPC here pauses the
+            # scheduler.
             last_receive_timestamp=self.manager.last_receive,
             uptime_seconds=self.uptime_s(),
             sglang_version=sg.SGLANG_VERSION,
