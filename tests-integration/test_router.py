@@ -206,6 +206,18 @@ def test_one_trace_from_the_client_through_the_router_to_the_worker(
         >= span.attributes["gen_ai.latency.time_to_first_token"]
         > 0
     )
+    if engine == "sglang":
+        # SGLang's own request trace (its --enable-trace) continues the router's as well: its
+        # root span is a child of grpc_execute, the scheduler rank's span hangs under it, and
+        # the rank's stages (queue, prefill, decode) under that.
+        def of_trace(s: ReceivedSpan) -> bool:
+            return s.trace_id == trace_id and s.service == "sglang"
+
+        root = otlp_receiver.wait_for(lambda s: of_trace(s) and s.name.strip().startswith("Req "))
+        assert root.parent_span_id == execute.span_id
+        rank = otlp_receiver.wait_for(lambda s: of_trace(s) and s.name.startswith("Scheduler"))
+        assert rank.parent_span_id == root.span_id
+        otlp_receiver.wait_for(lambda s: of_trace(s) and s.parent_span_id == rank.span_id)
     # The untraced call ended before the traced one: a span of it went out no later.
     of_untraced = [
         s for s in otlp_receiver.spans() if s.attributes.get("gen_ai.request.id") == untraced

@@ -54,7 +54,9 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as _IdleSleeper
 from sglang.srt.observability import metrics_collector as _mc
+from sglang.srt.observability import trace as _trace
 from sglang.srt.observability.cpu_monitor import start_cpu_monitor_thread
+from sglang.srt.observability.req_time_stats import APIServerReqTimeStats as _ApiTimeStats
 from sglang.srt.observability.startup_time import build_engine_startup_time
 from sglang.srt.parser.template_detection import resolve_auto_parsers
 from sglang.srt.plugins import load_plugins
@@ -384,6 +386,52 @@ def tokenizer_metrics(server_args: Any) -> Any:
         bucket_e2e_request_latency=observability.bucket_e2e_request_latency,
         bucket_inter_token_latency=observability.bucket_inter_token_latency,
     )
+
+
+def start_request_tracing(server_args: Any) -> bool:
+    """SGLang's own request tracing in this process, the part its tokenizer manager plays under
+    its HTTP server (``--enable-trace``, ``--otlp-traces-endpoint``): SGLang's tracer, whose
+    request spans the scheduler ranks continue (they start their own tracer themselves). False
+    with tracing off."""
+    observability = get_observability()
+    if not observability.enable_trace:
+        return False
+    _trace.process_tracing_init(
+        observability.otlp_traces_endpoint,
+        getattr(observability, "otlp_service_name", None) or "sglang",
+        trace_modules=getattr(observability, "trace_modules", None),
+    )
+    _trace.trace_set_thread_info("smg-servicer")  # this thread's request spans' label
+    return True
+
+
+class RequestTrace:
+    """One request's SGLang trace, as its tokenizer manager keeps it: SGLang's own root span
+    (``Req <rid>``), a child of the caller's W3C context (the router's ``grpc_execute``), handed
+    to the scheduler on the tokenized request (its ``time_stats``), where SGLang's scheduler
+    spans (queue, prefill, decode) continue it."""
+
+    def __init__(self, rid: str, headers: dict[str, str], disagg_mode: str) -> None:
+        self.stats = _ApiTimeStats(disagg_mode=DisaggregationMode(disagg_mode))
+        self.stats.init_trace_ctx(rid, None, headers)
+        self.stats.set_created_time()
+        self._first = False
+
+    def attach(self, req: Any) -> None:
+        """Onto the tokenized request, pickled as SGLang's scheduler reads it."""
+        self.stats.set_tokenize_finish_time()
+        self.stats.set_api_server_dispatch_time()
+        req.time_stats = self.stats
+        req.wrap_pickle_fields()
+
+    def first_token(self) -> None:
+        if not self._first:
+            self._first = True
+            self.stats.set_first_token_time()
+
+    def finish(self) -> None:
+        """Ends SGLang's root span (with its latency attributes)."""
+        self.stats.set_finished_time()
 
 
 def startup_time(scheduler_infos: list[dict[str, Any]]) -> dict[str, Any] | None:

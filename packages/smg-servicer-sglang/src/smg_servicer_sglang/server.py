@@ -225,6 +225,11 @@ async def _start(
     if collector is not None:
         manager.metrics = RequestMetrics(collector, prefill_only=sg.prefill_only())
     try:
+        request_traces = sg.start_request_tracing(server_args)
+    except Exception as exc:  # observability never stops serving
+        logger.warning("SGLang's own request traces are off (%s)", type(exc).__name__)
+        request_traces = False
+    try:
         launched = await asyncio.to_thread(sg.launch_schedulers, server_args, port_args)
     except sg.SchedulerStartError as exc:
         logger.error("schedulers failed to start: %s", exc)
@@ -252,6 +257,7 @@ async def _start(
         tokenizer=tokenizer,
         load_reader=launched.load_reader,
         adapters=lora.Adapters.of(config, manager, own[lora.ALLOWED_DIRS.name]),
+        request_traces=request_traces,
     )
     schedulers = Schedulers(launched, manager, servicer, health, warmup_wanted(config))
     schedulers.bootstrap_server = bootstrap

@@ -25,6 +25,7 @@ from typing import Any
 import grpc.aio
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from smg_servicer_core import tracing
 from smg_servicer_core.errors import (
     InvalidRequest,
     ServicerError,
@@ -88,8 +89,12 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         metrics: ServicerMetrics | None = None,
         adapters: lora.Adapters | None = None,
+        request_traces: bool = False,
     ) -> None:
         self.manager = manager
+        #: SGLang's own request tracing is on (``--enable-trace``): a request that carries trace
+        #: context hands it to SGLang's scheduler spans (:class:`_sglang.RequestTrace`).
+        self.request_traces = request_traces
         #: LoRA adapters (:mod:`.lora`): SGLang's registry, loads and unloads.
         self.adapters = adapters if adapters is not None else lora.Adapters.of(config, manager)
         self.server_args = server_args
@@ -143,16 +148,43 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         rid = request.request_id
         async with self.registry.track(rid), self.adapters.use(request.lora_id) as adapter:
             reqs = [self._build(spec, adapter) for spec in specs]
+            traces = self._traces(reqs, context)
             if prefix_spec is None:
-                stream = self._single(request, reqs[0])
+                stream = self._single(request, reqs[0], traces[0] if traces else None)
             else:
                 stream = self._parallel(request, reqs, self._build(prefix_spec, adapter))
-            async with contextlib.aclosing(stream):  # its cleanup before the adapter's release
-                async for message in stream:
-                    yield message
+            try:
+                async with contextlib.aclosing(stream):  # its cleanup before the adapter's
+                    async for message in stream:
+                        yield message
+            finally:
+                for trace in traces:
+                    with contextlib.suppress(Exception):  # observability never stops serving
+                        trace.finish()
+
+    def _traces(self, reqs: list[Any], context: Context) -> list[Any]:
+        """SGLang's own request traces of ``reqs``, attached to them (none with SGLang's tracing
+        off, or for a caller that sent no trace context)."""
+        if not self.request_traces:
+            return []
+        headers = tracing.trace_headers(context.invocation_metadata())
+        if headers is None:
+            return []
+        mode = sg.disaggregation_mode(self.config)
+        try:
+            traces = [sg.RequestTrace(req.rid, headers, mode) for req in reqs]
+            for trace, req in zip(traces, reqs, strict=True):
+                trace.attach(req)
+        except Exception as exc:  # observability never stops serving
+            self.request_traces = False
+            logger.warning("SGLang's own request traces are off (%s)", type(exc).__name__)
+            for req in reqs:
+                req.time_stats = None
+            return []
+        return traces
 
     async def _single(
-        self, request: pb.GenerateRequest, req: Any
+        self, request: pb.GenerateRequest, req: Any, trace: Any = None
     ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
         self.manager.open([rid], stream=request.stream, grammar=_constrained(request))
@@ -162,6 +194,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             async for batch in self.manager.stream(rid):
                 seen.extend(batch)
                 final = batch[-1]
+                if trace is not None and any(o.token_ids for o in batch):
+                    trace.first_token()
                 if (error := convert.failure(final.finish)) is not None:
                     raise error
                 if request.stream and any(o.token_ids for o in batch):
