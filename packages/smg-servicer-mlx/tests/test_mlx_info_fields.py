@@ -35,7 +35,8 @@ def _own(model_dir: Path) -> dict[str, Any]:
     config says where mlx-lm keeps nothing (architectures, pad and bos ids)."""
     from mlx_lm import load
 
-    model, tokenizer = load(str(model_dir))[:2]
+    loaded: Any = load(str(model_dir))
+    model, tokenizer = loaded[0], loaded[1]
     config = json.loads((model_dir / "config.json").read_text())
     return {
         "model_path": str(model_dir),

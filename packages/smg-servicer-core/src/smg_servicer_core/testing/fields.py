@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 
@@ -42,7 +41,7 @@ class Satisfies:
 def value(message: Message, name: str) -> Any:
     """A field as plain Python: a list for a repeated field, a dict for a Struct, seconds for a
     Timestamp."""
-    field = message.DESCRIPTOR.fields_by_name[name]
+    field: Any = message.DESCRIPTOR.fields_by_name[name]
     raw = getattr(message, name)
     if _repeated(field):
         return list(raw)
@@ -53,13 +52,13 @@ def value(message: Message, name: str) -> Any:
     return raw
 
 
-def _repeated(field: FieldDescriptor) -> bool:
+def _repeated(field: Any) -> bool:
     # protobuf 5+: is_repeated; older releases: the label
     repeated = getattr(field, "is_repeated", None)
-    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+    return bool(repeated) if repeated is not None else bool(field.label == field.LABEL_REPEATED)
 
 
-def _is_default(message: Message, field: FieldDescriptor) -> bool:
+def _is_default(message: Message, field: Any) -> bool:
     if _repeated(field):
         return not list(getattr(message, field.name))
     if field.message_type is not None:
