@@ -42,6 +42,12 @@ async def stub(embed_server: Server) -> AsyncIterator[Any]:
         yield pb_grpc.SglangSchedulerStub(channel)
 
 
+async def test_every_info_field_is_sglangs_own(
+    embed_server: Server, tiny_model: Path, walk_info: Any
+) -> None:
+    assert await walk_info(embed_server, tiny_model, total_tokens=65536, embedding=True) == []
+
+
 @pytest.mark.parametrize("name", sorted(EMBED_CASES))
 async def test_embedding_equals_engine(stub: Any, embed_reference: Any, name: str) -> None:
     ids = EMBED_CASES[name]

@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -287,6 +288,12 @@ async def test_health_and_info(stub: Any, sglang_server: Server) -> None:
     assert server.max_total_num_tokens == 65536
     assert server.uptime_seconds > 0
     assert server.server_args["context_length"] == 1024
+
+
+async def test_every_info_field_is_sglangs_own(
+    sglang_server: Server, tiny_model: Path, walk_info: Any
+) -> None:
+    assert await walk_info(sglang_server, tiny_model, total_tokens=65536) == []
 
 
 async def test_get_loads_sections_and_rank(stub: Any) -> None:

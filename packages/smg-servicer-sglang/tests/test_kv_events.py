@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -105,3 +106,10 @@ async def test_resume_from_a_cursor_replays_history(stub: Any) -> None:
             resumed.append(batch.sequence_number)
     second.cancel()
     assert resumed == [cursor + 1, cursor + 2, cursor + 3], "replay from the cursor, in order"
+
+
+async def test_every_info_field_is_sglangs_own(
+    kv_server: Server, tiny_model: Path, walk_info: Any
+) -> None:
+    """The KV tests' server has a 2,048-token pool: the fields that follow it say so."""
+    assert await walk_info(kv_server, tiny_model, total_tokens=2048) == []

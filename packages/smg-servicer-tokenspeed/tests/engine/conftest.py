@@ -14,6 +14,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -96,3 +97,103 @@ def drain_on_sigterm(server: WorkerProcess) -> tuple[int, str]:
         assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), code
     tokens = sum(len(m.chunk.token_ids) for m in messages if m.HasField("chunk"))
     return tokens, messages[-1].complete.finish_reason
+
+
+def info_mismatches(server: WorkerProcess, model: Path, *, running: bool) -> list[str]:
+    """Every field of ``GetServerInfo`` and ``GetModelInfo`` walked against what TokenSpeed
+    itself says (issue #40): its version, its resolved arguments (``server_args``), the
+    scheduler's ready report (``scheduler_info``: the stand-in's, as the GPU scheduler's would
+    be), the model's config as transformers reads it, and the flags (``--max-model-len 1024``).
+    With ``running``, asked while one request runs (its count is then one). Run on the session
+    worker (a text model) and the encode worker (a multimodal one), a hard-coded field cannot
+    follow both."""
+    import time
+    from importlib.metadata import version
+
+    import psutil
+    from transformers import AutoConfig
+
+    from smg_servicer_core.testing.fields import UNSET, Satisfies, mismatches, value
+
+    config: Any = AutoConfig.from_pretrained(str(model))
+    text: Any = getattr(config, "text_config", None) or config
+    born = psutil.Process(server.proc.pid).create_time()
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.TokenSpeedSchedulerStub(channel)
+        stream = None
+        if running:
+            stream = stub.Generate(
+                pb.GenerateRequest(
+                    request_id="info-walk",
+                    tokenized=pb.TokenizedInput(input_ids=[1, 5, 9]),
+                    sampling_params=pb.SamplingParams(max_new_tokens=900, ignore_eos=True),
+                    stream=True,
+                ),
+                timeout=60,
+            )
+            assert next(stream).HasField("chunk")
+        try:
+            info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+        finally:
+            if stream is not None:
+                stream.cancel()
+        model_info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    now = time.time() + 1
+    args, ready = value(info, "server_args"), value(info, "scheduler_info")
+    dtype = str(ready.get("multimodal_encoder_dtype") or "")
+    eos = text.eos_token_id  # else the tokenizer's, as TokenSpeed's model config takes it
+    if eos is None:
+        from transformers import AutoTokenizer
+
+        eos = AutoTokenizer.from_pretrained(str(model)).eos_token_id
+    server_expected = {
+        "server_args": Satisfies(
+            lambda d: (d["model"], d["max_model_len"]) == (str(model), 1024),
+            "TokenSpeed's resolved arguments for this worker",
+        ),
+        "scheduler_info": Satisfies(
+            lambda d: d.get("max_model_len") == 1024, "the scheduler's ready report"
+        ),
+        "active_requests": 1 if running else 0,
+        "is_paused": UNSET,  # its own pause: test_is_paused_follows_tokenspeeds_own_pause...
+        "uptime_seconds": Satisfies(lambda s: 0 < s <= now - born, "the seconds since the start"),
+        "max_total_num_tokens": ready["max_total_num_tokens"] or UNSET,
+        "tokenspeed_version": version("tokenspeed"),
+        "start_time": Satisfies(lambda t: born - 1 <= t <= now, "the worker's start"),
+        "constrained_decoding": UNSET,  # TokenSpeed 0.1.1 declares none
+    }
+    multimodal = getattr(config, "vision_config", None) is not None  # a vision tower
+    model_expected = {
+        "model_path": str(model),
+        "tokenizer_path": str(args.get("tokenizer") or model),
+        "served_model_name": str(args.get("served_model_name") or model),
+        "model_type": config.model_type,
+        "architectures": list(config.architectures),
+        "max_context_length": 1024,  # --max-model-len
+        "max_req_input_len": ready["max_req_input_len"],
+        "vocab_size": text.vocab_size,
+        "eos_token_ids": Satisfies(
+            lambda ids: sorted(ids) == sorted([eos] if isinstance(eos, int) else eos),
+            f"the model's eos ids {eos}",
+        ),
+        "pad_token_id": text.pad_token_id or UNSET,
+        "bos_token_id": text.bos_token_id or UNSET,
+        "weight_version": args["weight_version"],  # TokenSpeed's default: none given
+        "default_sampling_params_json": UNSET,  # no --preferred-sampling-params
+        "supports_vision": multimodal or UNSET,
+        "supports_multimodal": multimodal or UNSET,
+        "supported_modalities": Satisfies(
+            lambda m: bool(m) == multimodal, "the model's modalities (images: multimodal)"
+        ),
+        "model_dtype": dtype if dtype in ("bfloat16", "float16", "float32") else UNSET,
+        "multimodal_encoder_dtype": dtype or UNSET,
+    }
+    return [f"server: {p}" for p in mismatches(info, server_expected)] + [
+        f"model: {p}" for p in mismatches(model_info, model_expected)
+    ]
+
+
+@pytest.fixture(scope="session")
+def walk_info() -> Any:
+    """``walk_info(server, model, running=...)``: the info fields that are not TokenSpeed's."""
+    return info_mismatches

@@ -146,6 +146,13 @@ def test_a_malformed_encode_request_is_invalid_argument(
     assert len(encode_record.entries()) == before
 
 
+def test_every_info_field_is_tokenspeeds_own(
+    encode_worker: WorkerProcess, multimodal_model: Path, walk_info: Any
+) -> None:
+    """The encode worker: a multimodal model, no KV pool, and no request that could run."""
+    assert walk_info(encode_worker, multimodal_model, running=False) == []
+
+
 def test_the_scheduler_service_answers_discovery_and_refuses_the_rest(
     channel: grpc.Channel, encode_record: Record
 ) -> None:

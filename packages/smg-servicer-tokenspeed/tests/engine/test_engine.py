@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -456,6 +457,13 @@ async def test_is_paused_follows_tokenspeeds_own_pause_and_resume(
         served = await asyncio.wait_for(waiting, 30)
     assert list(served[-1].complete.output_ids) == expected(PROMPT, 3)
     assert {"type": "pause", "mode": "keep", "running": 0} in record.entries()
+
+
+@pytest.mark.standin
+async def test_every_info_field_is_tokenspeeds_own(
+    ts_server: WorkerProcess, tiny_model: Path, walk_info: Any
+) -> None:
+    assert await asyncio.to_thread(walk_info, ts_server, tiny_model, running=True) == []
 
 
 @pytest.mark.standin
