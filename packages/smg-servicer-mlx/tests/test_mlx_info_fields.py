@@ -11,12 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 
 from smg_servicer_core.proto import mlx_engine_pb2 as pb
 from smg_servicer_core.testing import mlx_generate
-from smg_servicer_core.testing.fields import UNSET, Satisfies, mismatches
+from smg_servicer_core.testing.fields import (
+    UNSET,
+    Satisfies,
+    mismatches,
+    server_info_while_running,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -63,13 +67,8 @@ async def test_every_info_field_is_mlx_lms_own(
     model_dir = tiny_model if which == "llama" else tiny_qwen2
     async with serve_model(model_dir, {}) as served:
         stub, started = served.stub, served.servicer.started_wall
-        call = stub.Generate(mlx_generate([1, 5, 9], max_tokens=500, ignore_eos=True, stream=True))
-        try:
-            first = await call.read()
-            assert first is not grpc.aio.EOF and first.HasField("chunk")
-            server = await stub.GetServerInfo(pb.GetServerInfoRequest())
-        finally:
-            call.cancel()
+        running = mlx_generate([1, 5, 9], max_tokens=500, ignore_eos=True, stream=True)
+        server = await server_info_while_running(stub, running, pb.GetServerInfoRequest())
         model = await stub.GetModelInfo(pb.GetModelInfoRequest())
     expected_server = {
         "server_type": "mlx-grpc",  # the wire's name for this servicer

@@ -13,12 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing import generate_request
-from smg_servicer_core.testing.fields import UNSET, Satisfies, mismatches
+from smg_servicer_core.testing.fields import (
+    UNSET,
+    Satisfies,
+    mismatches,
+    server_info_while_running,
+)
 from smg_servicer_vllm.mm_settings import MmSettings
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
@@ -126,13 +130,7 @@ def model_expected(llm: Any) -> dict[str, Any]:
 async def _walk(llm: Any, servicer: Any, stub: Any, schemes: str = "") -> list[str]:
     """Both answers walked while one request runs (after its first token)."""
     request = generate_request("vllm", [1, 5, 9], max_tokens=900, ignore_eos=True, stream=True)
-    call = stub.Generate(request)
-    try:
-        first = await call.read()
-        assert first is not grpc.aio.EOF and first.HasField("chunk")
-        server = await stub.GetServerInfo(pb.GetServerInfoRequest())
-    finally:
-        call.cancel()
+    server = await server_info_while_running(stub, request, pb.GetServerInfoRequest())
     model = await stub.GetModelInfo(pb.GetModelInfoRequest())
     expected = server_expected(llm, servicer, schemes=schemes)
     problems = [f"server: {p}" for p in mismatches(server, expected)]

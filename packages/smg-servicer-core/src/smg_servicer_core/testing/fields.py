@@ -89,3 +89,18 @@ def mismatches(message: Message, expected: Mapping[str, Any]) -> list[str]:
         elif got != want:
             problems.append(f"{field.name}: {got!r}, the engine's is {want!r}")
     return problems
+
+
+async def server_info_while_running(stub: Any, request: Any, info_request: Any) -> Any:
+    """``GetServerInfo`` asked once ``request`` (a streamed ``Generate``) sent its first chunk, so
+    that one request is running; the stream is cancelled afterwards."""
+    import grpc.aio  # noqa: PLC0415 - only the engines' tests call this
+
+    call = stub.Generate(request)
+    try:
+        first = await call.read()
+        assert first is not grpc.aio.EOF, "the stream ended before its first chunk"
+        assert first.HasField("chunk"), first
+        return await stub.GetServerInfo(info_request)
+    finally:
+        call.cancel()
