@@ -45,12 +45,18 @@ def bootstrap_port() -> int:
 
 @pytest.fixture(scope="module")
 def pd_servers(tiny_model: Path, bootstrap_port: int) -> Iterator[dict[str, Server]]:
+    # Each worker's torch rendezvous port (--nccl-port) from the kit's free ports, below the
+    # ephemeral range: SGLang's own pick is an ephemeral port it frees before its TCP store binds
+    # it, and a gate run lost the prefill worker to another connection taking it (EADDRINUSE).
     servers = {
         "prefill": start_server(
             tiny_model, *PD_CPU_FLAGS["prefill"],
             "--disaggregation-bootstrap-port", str(bootstrap_port),
+            "--nccl-port", str(free_port()),
         ),
-        "decode": start_server(tiny_model, *PD_CPU_FLAGS["decode"]),
+        "decode": start_server(
+            tiny_model, *PD_CPU_FLAGS["decode"], "--nccl-port", str(free_port())
+        ),
     }  # fmt: skip
     try:
         for server in servers.values():
