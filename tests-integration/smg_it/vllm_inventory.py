@@ -132,7 +132,7 @@ def _uses() -> list[Use]:
         ),
         *read(
             "vllm.inputs.engine:MultiModalInput",
-            "_mm_engine.py, mm_sidecar/process.py, media_identity.py: the engine input's keys",
+            "_mm_engine.py, mm_sidecar/jobs.py, media_identity.py: the engine input's keys",
             "prompt_token_ids",
             "mm_kwargs",
             "mm_hashes",
@@ -347,7 +347,7 @@ def _uses() -> list[Use]:
         u(f"{mm_config}.get_limit_per_prompt", "_mm_engine.py: fingerprint_of()", 1),
         *read(
             "vllm.config:VllmConfig",
-            "info.py, kv_events.py, mm_sidecar/process.py",
+            "info.py, kv_events.py, mm_sidecar/jobs.py",
             "model_config",
             "cache_config",
             "scheduler_config",

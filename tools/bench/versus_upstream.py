@@ -209,13 +209,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--requests", type=int, default=0, help="requests per measurement (0: each workload's)"
     )
+    parser.add_argument(
+        "--warm-up", type=int, default=64, help="requests per arm before the rounds (not reported)"
+    )
     parser.add_argument("--server-cpus", default="0", help="CPUs of the servers ('' unpinned)")
     parser.add_argument(
         "--client-cpus", default=None, help="CPUs of the load generator (default: the others)"
     )
     args = parser.parse_args()
-    if args.rounds < 1 or args.processes < 1:
-        parser.error("--rounds and --processes must be positive")
+    if args.rounds < 1 or args.processes < 1 or args.warm_up < 1:
+        parser.error("--rounds, --processes and --warm-up must be positive")
     return args
 
 
@@ -236,7 +239,7 @@ def main() -> int:
         ):
             arms = {"ours": (ours_port, ours.pid), "upstream": (theirs_port, theirs.pid)}
             for workload in (w for w in workloads if w.delay_ms == delay):
-                warm_up = Workload(workload.name, workload.concurrency, delay, 64)
+                warm_up = Workload(workload.name, workload.concurrency, delay, args.warm_up)
                 for arm, (port, pid) in arms.items():  # not reported
                     run(arm, warm_up, port, pid, args)
                 pairs: list[Pair] = []

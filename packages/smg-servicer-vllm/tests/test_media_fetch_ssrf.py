@@ -376,7 +376,7 @@ async def test_without_redirects_the_redirect_is_the_answer(redirects: Redirects
 
 
 async def test_the_sidecar_refuses_with_a_client_code(recorder: Recorder) -> None:
-    from smg_servicer_vllm.mm_sidecar.process import VllmJobProcessor
+    from smg_servicer_vllm.mm_sidecar.jobs import VllmJobProcessor
 
     mm = SimpleNamespace(
         limit_per_prompt={},

@@ -313,7 +313,9 @@ async def test_a_wrong_password_or_ca_stops_the_sidecar_with_exit_2(
     def run(
         url: str, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "smg_grpc_servicer.vllm.mm_sidecar", "--model"]
+        # -X importtime: each import on stderr, to show that the refusal comes before vLLM's
+        command = [sys.executable, "-X", "importtime", "-m", "smg_grpc_servicer.vllm.mm_sidecar"]
+        command += ["--model"]
         command += [str(tiny_vlm), "--redis-url", url, *sidecar_args(), *args]
         return subprocess.run(
             command, capture_output=True, text=True, timeout=300, check=False,
@@ -336,7 +338,10 @@ async def test_a_wrong_password_or_ca_stops_the_sidecar_with_exit_2(
         lines = [line for line in done.stderr.splitlines() if line.startswith(prog)]
         assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
         assert lines[0].startswith(f"{prog}: --redis-url rediss://{USER}:***@127.0.0.1:")
-        assert done.stderr.rstrip().endswith(lines[0])  # the last word, before vLLM is built
+        assert done.stderr.rstrip().endswith(lines[0])  # the last word
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+        assert "smg_servicer_mm_sidecar.client" in imported  # the listing is read right
+        assert not {"vllm", "torch"} & imported  # refused in a second, before their imports
         assert "wr0ng-pw" not in done.stdout + done.stderr
         assert PASSWORD not in done.stdout + done.stderr
 

@@ -1,7 +1,7 @@
 """The sidecar's Redis loops, engine-free: keep ``hello`` alive, pop jobs, push results.
 
 What turns a job into a result is a :class:`JobProcessor` (vLLM's is smg-servicer-vllm's
-``smg_servicer_vllm.mm_sidecar.process``); this module owns everything the protocol asks of the
+``smg_servicer_vllm.mm_sidecar.jobs``); this module owns everything the protocol asks of the
 sidecar around it:
 
 - ``hello`` rewritten every 5 s with a 15 s TTL (one MULTI), deleted on a clean stop;

@@ -8,8 +8,9 @@ and the Redis client: ``pip install 'smg-servicer-vllm[vllm,redis]'`` (or the se
 
 - :mod:`.settings` — its own settings (``--redis-url``, ``--namespace``, ``--concurrency``, the
   result cap), resolved as the worker's are; engine-free;
-- :mod:`.process` — the process: vLLM's media connector and renderer behind
-  smg-servicer-mm-sidecar's loops (:mod:`smg_servicer_mm_sidecar.service`) and protocol.
+- :mod:`.process` — the process: its settings and Redis checked first (engine-free), then
+  :mod:`.jobs` — vLLM's media connector and renderer behind smg-servicer-mm-sidecar's loops
+  (:mod:`smg_servicer_mm_sidecar.service`) and protocol.
 
 It lives in the worker's package because it is vLLM's processing, fingerprinted exactly as the
 worker fingerprints its engine; smg-servicer-mm-sidecar keeps only the engine-free protocol,

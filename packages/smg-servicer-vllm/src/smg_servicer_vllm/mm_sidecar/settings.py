@@ -22,6 +22,10 @@ def _positive(value: int) -> str | None:
     return None if value > 0 else "must be a positive integer"
 
 
+#: The command users run (the facade's), as the sidecar's messages name it.
+PROG = "python -m smg_grpc_servicer.vllm.mm_sidecar"
+#: How the sidecar's refusals name its private-hosts opt-in.
+OPT_IN_FLAG = "--allow-private-media-hosts"
 #: The names of the TLS files in the sidecar's messages (the worker's are ``--mm-redis-*``).
 TLS_FLAGS = ("--redis-ca-file", "--redis-cert-file", "--redis-key-file")
 
