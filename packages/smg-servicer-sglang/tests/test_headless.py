@@ -4,6 +4,7 @@ behind the real router: tests-integration/test_sglang_zmq_lane.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -48,26 +49,45 @@ def test_the_plugin_sglang_needs_is_installed_here() -> None:
     assert headless.plugin_missing() is None
 
 
+#: The shapes the lane refuses, and why (the launcher's one line).
+SHAPES = {
+    "--dp-size 2": "--dp-size > 1 is not served",
+    "--disaggregation-mode decode": "prefill/decode roles are not served",
+}
+#: The launcher's ``main`` on each command line of ``argv[1]`` (JSON) in one process, so that
+#: SGLang's imports (~15 s a process) are paid once: {case: [exit code, its stderr]}.
+REFUSE_EACH = """
+import contextlib, io, json, sys
+from smg_servicer_sglang import headless
+out = {}
+for case, argv in json.loads(sys.argv[1]).items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = headless.main(argv)
+    out[case] = [code, err.getvalue()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def shape_refusals(tiny_model: Path) -> dict[str, tuple[int, str]]:
+    base = ["--zmq-handshake-address", "tcp://127.0.0.1:9", "--model-path", str(tiny_model)]
+    cases = {case: [*base, *CPU_FLAGS, *case.split()] for case in SHAPES}
+    command = [sys.executable, "-c", REFUSE_EACH, json.dumps(cases)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {case: (code, err) for case, (code, err) in json.loads(done.stdout).items()}
+
+
 @pytest.mark.engine  # SGLang resolves its settings against the tiny model
-@pytest.mark.parametrize(
-    ("extra", "why"),
-    [
-        (["--dp-size", "2"], "--dp-size > 1 is not served"),
-        (["--disaggregation-mode", "decode"], "prefill/decode roles are not served"),
-    ],
-)
+@pytest.mark.parametrize("case", sorted(SHAPES))
 def test_a_shape_the_lane_does_not_serve_is_refused_before_a_scheduler_starts(
-    tiny_model: Path, extra: list[str], why: str
+    shape_refusals: dict[str, tuple[int, str]], case: str
 ) -> None:
-    command = [
-        sys.executable, "-m", "smg_servicer_sglang.headless",
-        "--zmq-handshake-address", "tcp://127.0.0.1:9",
-        "--model-path", str(tiny_model), *CPU_FLAGS, *extra,
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert f"error: {why}" in done.stderr
-    assert "starting SGLang's scheduler" not in done.stderr
+    code, stderr = shape_refusals[case]
+    assert code == 2, stderr[-2000:]
+    assert f"error: {SHAPES[case]}" in stderr
+    assert "starting SGLang's scheduler" not in stderr
 
 
 @pytest.mark.integration  # the router's own launcher (smg serve), as installed here
