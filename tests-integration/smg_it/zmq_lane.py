@@ -150,22 +150,41 @@ def check_structured_output_and_logprobs(lane: Lane) -> None:
 
 def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
     """The engine's load reaches the router (``/get_loads``, polled every second here): requests
-    running while clients stream, none once they have finished."""
-    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True)
+    running while clients stream, none once those clients have left (the router aborts their
+    requests: no wait for ``long`` tokens at the engine's CPU pace, ~50 s on SGLang's)."""
+    body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
     seen: list[int] = []
+    leave = threading.Event()
 
     def watch() -> bool:
         seen.extend(load["num_running_reqs"] for load in lane.loads())
         return any(seen)
 
+    def stream() -> int:
+        """Read the stream until told to leave; the chunks read (the stream must not end
+        first: ``long`` outlasts the wait)."""
+        chunks = 0
+        url = lane.router.base + "/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=60) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                chunks += line.startswith("data: {")
+                if leave.is_set() or line.startswith("data: [DONE]"):
+                    break
+        assert leave.is_set(), "a stream ended before the router saw the load"
+        return chunks
+
     with ThreadPoolExecutor(4) as pool:
-        replies = [pool.submit(lane.post, "/v1/completions", **body) for _ in range(4)]
-        until(watch, 30, f"the router never saw a running request: {seen}")
-        assert all(r.result().status_code == 200 for r in replies)
+        clients = [pool.submit(stream) for _ in range(4)]
+        try:
+            until(watch, 30, f"the router never saw a running request: {seen}")
+        finally:
+            leave.set()
+        assert all(c.result() > 0 for c in clients)
     until(
         lambda: all(load["num_running_reqs"] == 0 for load in lane.loads()),
         10,
-        f"the load stayed up after every request finished: {lane.loads()}",
+        f"the load stayed up after every client left: {lane.loads()}",
     )
 
 
