@@ -40,6 +40,9 @@ pytestmark = pytest.mark.integration
 
 #: Longer than any wait below at the scheduler's CPU pace, inside the 1,024-token context.
 LONG = 900
+#: The stream in flight at SIGTERM: seconds of SGLang's CPU pace, well past the refusal the
+#: test waits for (about a second), and all of it drained.
+IN_FLIGHT = 300
 
 
 def launcher_command(model: Path, port: int, *flags: str) -> list[str]:
@@ -145,7 +148,7 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
 
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     rank = scheduler(lane)
-    finishes, answers = sigterm_mid_stream(lane, 600)
+    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT)
     assert finishes == ["length"]
     assert answers and answers[-1].status_code >= 500, [a.status_code for a in answers]
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()

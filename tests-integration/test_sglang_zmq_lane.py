@@ -36,6 +36,9 @@ pytestmark = pytest.mark.integration
 
 #: Longer than any wait below at the scheduler's CPU pace, inside the 1,024-token context.
 LONG = 900
+#: The stream in flight at SIGTERM: seconds of SGLang's CPU pace, well past the refusal the
+#: test waits for (about a second), and all of it drained.
+IN_FLIGHT = 300
 
 
 def sglang_lane(model: Path, sockets: Path) -> Lane:
@@ -126,7 +129,7 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     launcher exits 0 and leaves nothing running; the router is told the worker is gone. Last in
     this module: it stops the shared lane."""
     rank = scheduler(lane)
-    finishes, answers = sigterm_mid_stream(lane, LONG)
+    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT)
     assert finishes == ["length"]
     assert answers[-1].status_code >= 500, answers[-1].text
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
