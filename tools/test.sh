@@ -12,8 +12,8 @@
 #   6. the SGLang floor (.venv-sglang0520): the SGLang package's tests and the SGLang router
 #      round trip on SGLang 0.5.20.
 # and, last beside the first, a second session in the workspace (`workspace-b`: the Rust-lane,
-# NIXL router, SGLang metric-family and `smg serve` ZMQ-lane tests), so that the two lanes of a
-# 2-core machine end together.
+# NIXL router and SGLang metric-family tests), so that the two lanes of a 2-core machine end
+# together.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:
