@@ -86,22 +86,27 @@ def test_structured_output_and_logprobs_ride_the_lane(lane: Lane) -> None:
 @pytest.mark.parametrize(
     ("path", "bad", "why"),
     [
-        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}, "exceeds the maximum"),
+        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}, "the context holds 1024"),
         (
             "/generate",
             {"input_ids": [5, 6, 10**6], "sampling_params": {"max_new_tokens": 4}},
             "outside the vocabulary",
         ),
         ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "empty"),
+        (
+            "/generate",  # the prompt rule of every lane: no room for one token
+            {"input_ids": [5] * 1024, "sampling_params": {"max_new_tokens": 4}},
+            "the context holds 1024",
+        ),
     ],
-    ids=["too-long", "unknown-token", "empty"],
+    ids=["too-long", "unknown-token", "empty", "fills-context"],
 )
 def test_bad_input_is_a_400_and_the_scheduler_serves_on(
     lane: Lane, path: str, bad: dict, why: str
 ) -> None:
-    """The router forwards these unchecked; the scheduler's own check (too long) or the plugin's
-    (what SGLang's front end would refuse) ends the request with status 400, which the router
-    passes on; the scheduler never sees a token id it could not embed."""
+    """The router forwards these unchecked; the plugin's check (the one prompt rule of every lane:
+    core's ``validate.prompt_refusal``, the Python lane's words) ends the request with status 400,
+    which the router passes on; the scheduler never sees a token id it could not embed."""
     refused = lane.post(path, **bad)
     assert refused.status_code == 400, refused.text
     assert why in refused.text

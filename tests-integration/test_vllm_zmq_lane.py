@@ -78,8 +78,12 @@ def test_stream_and_non_stream_agree_with_usage(lane: Lane, path: str) -> None:
             "/generate",  # a token id outside the vocabulary
             {"input_ids": [5, 6, 10**6], "sampling_params": {"max_new_tokens": 4}},
         ),
+        (
+            "/generate",  # the prompt rule of every lane: no room for one token
+            {"input_ids": [5] * 1024, "sampling_params": {"max_new_tokens": 4}},
+        ),
     ],
-    ids=["too-long", "unknown-token"],
+    ids=["too-long", "unknown-token", "fills-context"],
 )
 def test_bad_input_ends_in_an_error_and_the_engine_serves_on(
     lane: Lane, path: str, bad: dict

@@ -47,6 +47,8 @@ ROUTER_ADD = [
     False, -1, 0, None, False,
 ]  # fmt: skip
 VOCAB = 4096
+#: The context length the scheduler registered with (its READY answer's ``max_model_len``).
+CONTEXT = 64
 
 
 def test_a_scheduler_batch_is_the_routers_layout_byte_for_byte() -> None:
@@ -126,7 +128,8 @@ def _source() -> tuple[zmq_wire.RequestSource, zmq.Socket]:
     push.connect(f"tcp://127.0.0.1:{port}")
     sender = zmq_wire.OutputSender()
     sender.attach(push, 0, lambda: None)
-    return zmq_wire.RequestSource(ctx.socket(zmq.DEALER), sender, VOCAB), pull
+    source = zmq_wire.RequestSource(ctx.socket(zmq.DEALER), sender, VOCAB, context_length=CONTEXT)
+    return source, pull
 
 
 @pytest.mark.parametrize(
@@ -134,7 +137,10 @@ def _source() -> tuple[zmq_wire.RequestSource, zmq.Socket]:
     [
         ({4: [5, VOCAB]}, f"token id {VOCAB} is outside the vocabulary"),
         ({4: [-1, 5]}, "token id -1 is outside the vocabulary"),
-        ({4: []}, "the prompt cannot be empty"),
+        ({4: []}, "the prompt is empty"),
+        # The one prompt rule of every lane: one token of room at least (SGLang's scheduler has
+        # no such check before its own, lower, bound).
+        ({4: [5] * CONTEXT}, f"the prompt has {CONTEXT} tokens; the context holds {CONTEXT}"),
         ({"n": 2}, "n=2"),
         ({"top_p": 2.0}, "top_p"),
     ],

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from smg_servicer_core.zmq_lane import handshake_port
-from smg_servicer_tokenspeed.headless import RankGuard, bad_input, parse
+from smg_servicer_tokenspeed.headless import RankGuard, parse
 
 pytestmark = pytest.mark.unit
 
@@ -36,24 +36,6 @@ def test_without_our_flags_tokenspeeds_own_endpoint_is_used() -> None:
 def test_bad_flags_are_configuration_errors(argv: list[str], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         parse(argv)
-
-
-@pytest.mark.parametrize(
-    ("ids", "why"),
-    [
-        ([], "no tokens"),
-        ([1, 2, 100], "outside the vocabulary (0..99)"),
-        ([1, -1], "outside the vocabulary"),
-        (list(range(10)), "exceeds the maximum context length (10)"),
-    ],
-)
-def test_what_tokenspeeds_front_end_would_refuse(ids: list[int], why: str) -> None:
-    reason = bad_input(ids, vocab_size=100, context=10)
-    assert reason is not None and why in reason
-
-
-def test_a_prompt_inside_the_vocabulary_and_the_context_passes() -> None:
-    assert bad_input([0, 99, 5], vocab_size=100, context=10) is None
 
 
 def batch(*rows: tuple[str, object]) -> SimpleNamespace:

@@ -5,11 +5,14 @@ tests-integration/test_vllm_zmq_lane.py."""
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from smg_servicer_core.zmq_lane import handshake_port
 from smg_servicer_vllm import headless
-from smg_servicer_vllm.headless import refusal
 
 pytestmark = pytest.mark.unit
 
@@ -25,36 +28,51 @@ def test_the_handshake_port_is_the_routers(url: str) -> None:
     assert 20000 <= handshake_port(url) < 30000
 
 
+class _Core:
+    """What the guard wraps: vLLM's ``EngineCore`` (its request preparation and aborts)."""
+
+    def __init__(self, max_model_len: int, vocab_size: int) -> None:
+        config = SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab_size)
+        self.vllm_config = SimpleNamespace(model_config=config)
+
+    def preprocess_add_request(self, request: Any) -> str:
+        return "prepared"
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        return None
+
+
 @pytest.mark.parametrize(
-    ("ids", "why"),
+    ("ids", "embeds", "why"),
     [
-        (None, "no tokens"),
-        ([], "no tokens"),
-        (list(range(1025)), "longer than the maximum model length of 1024"),
-        ([1, 2, 1000], "outside the vocabulary (0-999)"),
-        ([1, -1], "outside the vocabulary"),
+        ([], None, "the prompt is empty"),
+        ([5] * 1024, None, "the prompt has 1024 tokens; the context holds 1024"),
+        ([1, 2, 1000], None, "token id 1000 is outside the vocabulary (size 1000)"),
+        (None, [[0.0]] * 1024, "the prompt has 1024 tokens; the context holds 1024"),
+        ([5] * 1023, None, ""),
+        (None, [[0.0]] * 12, ""),
     ],
 )
-def test_the_guard_refuses_what_vllms_front_end_would(ids: list[int] | None, why: str) -> None:
-    assert why in refusal(ids, max_model_len=1024, vocab_size=1000)
+def test_the_engine_core_guard_applies_the_one_prompt_rule(
+    monkeypatch: pytest.MonkeyPatch, ids: list[int] | None, embeds: Any, why: str
+) -> None:
+    """The guard the plugin installs in vLLM's engine core refuses what the Python lane refuses,
+    in its words (core's ``validate.prompt_refusal``): a prompt that fills the context too."""
+    from smg_servicer_vllm import _engine
 
-
-def test_the_guard_lets_a_prompt_that_fills_the_context_through() -> None:
-    assert refusal(list(range(1024)), max_model_len=1024, vocab_size=1024) == ""
-
-
-def test_the_guard_takes_the_ids_as_an_array_too() -> None:
-    """vLLM 0.34 decodes the router's ids as an int32 ndarray."""
-    import numpy as np
-
-    assert refusal(np.array([1, 2, 3], dtype=np.int32), 1024, 10) == ""
-    assert "outside" in refusal(np.array([1, 20], dtype=np.int32), 1024, 10)
-    assert "no tokens" in refusal(np.array([], dtype=np.int32), 1024, 10)
-
-
-def test_a_prompt_of_embeddings_is_checked_for_its_length_only() -> None:
-    assert refusal(None, max_model_len=1024, vocab_size=10, embeds_len=12) == ""
-    assert "longer than" in refusal(None, max_model_len=8, vocab_size=10, embeds_len=12)
+    core = type("EngineCore", (_Core,), {})
+    proc = type("EngineCoreProc", (), {})
+    monkeypatch.setattr(_engine, "engine_core_classes", lambda: (core, proc, None))
+    headless.guard_engine_core()
+    request = SimpleNamespace(
+        prompt_token_ids=ids, prompt_embeds=embeds, sampling_params=SimpleNamespace()
+    )
+    engine = core(max_model_len=1024, vocab_size=1000)
+    if why:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            engine.preprocess_add_request(request)
+    else:
+        assert engine.preprocess_add_request(request) == "prepared"
 
 
 def test_the_command_line_aims_at_the_router() -> None:

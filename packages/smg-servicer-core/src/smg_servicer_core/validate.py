@@ -39,15 +39,45 @@ MAX_CHOICES = 128
 
 def prompt(ids: Sequence[int], vocab_size: int, context_length: int) -> None:
     """A prompt of token ids: not empty, inside the vocabulary, leaving room in the context."""
-    if not ids:
-        raise InvalidRequest("the prompt is empty")
-    bad = next((t for t in ids if t >= vocab_size or t < 0), None)
-    if bad is not None:
-        raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {vocab_size})")
-    if len(ids) >= context_length:
-        raise InvalidRequest(
-            f"the prompt has {len(ids)} tokens; the context holds {context_length}"
-        )
+    why = prompt_refusal(ids, vocab_size, context_length)
+    if why:
+        raise InvalidRequest(why)
+
+
+def prompt_refusal(
+    ids: Sequence[int] | Any, vocab_size: int, context_length: int, *, length: int = 0
+) -> str:
+    """Why a prompt is refused (empty: it is not), by the rules of :func:`prompt`: the one prompt
+    guard of every lane, the Python gRPC lanes (:func:`prompt`) and the launchers of the router's
+    ZMQ lane, which check the requests the router sends straight to an engine (vLLM's engine
+    core, SGLang's scheduler, TokenSpeed's ranks). The same prompt gets the same answer and the
+    same words on every lane and engine.
+
+    ``ids`` is a sequence of token ids or an array with ``min``/``max`` (vLLM 0.34's int32
+    ndarray), or None; ``length`` is the prompt's length when it comes as embeddings (no ids:
+    only its length is checked). A prompt must leave room for one token: ``len >=
+    context_length`` is refused (the engine could only end it at once); a ``context_length`` of
+    0 is unknown (an engine that registered none) and not checked."""
+    count = 0 if ids is None else len(ids)
+    size = count or length
+    if not size:
+        return "the prompt is empty"
+    if count:
+        low, high = _bounds(ids)
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            return f"token id {bad} is outside the vocabulary (size {vocab_size})"
+    if 0 < context_length <= size:
+        return f"the prompt has {size} tokens; the context holds {context_length}"
+    return ""
+
+
+def _bounds(ids: Sequence[int] | Any) -> tuple[int, int]:
+    """The smallest and largest id: an array's own ``min``/``max`` (one pass in C), else
+    Python's."""
+    if hasattr(ids, "min") and hasattr(ids, "max"):
+        return int(ids.min()), int(ids.max())
+    return min(ids), max(ids)
 
 
 def choices(n: int) -> int:

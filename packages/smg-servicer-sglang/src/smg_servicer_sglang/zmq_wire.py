@@ -36,6 +36,7 @@ from typing import Any, cast
 import msgspec
 import zmq
 
+from smg_servicer_core import validate
 from smg_servicer_core.zmq_lane import ENGINE_CORE_DEAD
 
 logger = logging.getLogger(__name__)
@@ -424,10 +425,13 @@ class RequestSource:
         sender: OutputSender,
         vocab_size: int,
         tokenizer: Any = None,
+        *,
+        context_length: int,
     ) -> None:
         self.socket = socket
         self.sender = sender
         self.vocab_size = vocab_size
+        self.context_length = context_length
         self.tokenizer = tokenizer
         #: Set by a drain: new requests are refused, those in flight finish.
         self.draining = False
@@ -438,8 +442,8 @@ class RequestSource:
         """Why the scheduler must not see ``req`` (what SGLang's front end would refuse)."""
         if not isinstance(req, sglang().TokenizedGenerateReqInput):
             return "only generation requests are served on this lane"
-        if (why := self._prompt_refusal(req.input_ids)) is not None:
-            return why
+        if why := validate.prompt_refusal(req.input_ids, self.vocab_size, self.context_length):
+            return why  # the one prompt rule of every lane (SGLang's own bound may be lower)
         params = req.sampling_params
         try:
             params.normalize(self.tokenizer)
@@ -452,15 +456,6 @@ class RequestSource:
             # The scheduler takes a registered adapter id only (it asserts on another and dies);
             # names, loads and in-use counts live in the tokenizer manager's role.
             return f"lora_id {str(req.lora_id)[:128]!r}: {LORA_ON_PYTHON_LANE}"
-        return None
-
-    def _prompt_refusal(self, ids: Any) -> str | None:
-        if ids is None or len(ids) == 0:
-            return "the prompt cannot be empty"
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
         return None
 
     def drain(self, limit: int) -> list[Any]:
@@ -572,4 +567,4 @@ def handshake(
     push.connect(outputs[0])
     sender.attach(push, engine_index, probe)
     logger.info("registered with the router as engine %d (%s)", engine_index, inputs[0])
-    return RequestSource(source, sender, vocab_size, tokenizer)
+    return RequestSource(source, sender, vocab_size, tokenizer, context_length=ready.max_model_len)

@@ -21,9 +21,10 @@ same ranks with TokenSpeed's own start-up code and adds what ``ts serve --headle
   new requests are refused (they end at once with an abort), those in flight finish, up to
   ``--zmq-drain-timeout`` (30 s); then each rank stops the way TokenSpeed's own loop stops (its
   sentinel tells the router), exit 0 (1 when the drain ran out of time).
-- **Bad input cannot reach the model**: a request TokenSpeed's front end would refuse (no tokens,
-  a token id outside the vocabulary, a prompt that fills the context) is ended with an abort
-  before the scheduler runs it, as TokenSpeed's wire already does for bad sampling parameters.
+- **Bad input cannot reach the model**: a prompt the one prompt rule of every lane refuses (core's
+  ``validate.prompt_refusal``: no tokens, a token id outside the vocabulary, a prompt that fills
+  the context; the Python lane's words) is ended with an abort before the scheduler runs it, as
+  TokenSpeed's wire already does for bad sampling parameters.
 - **Load is visible**: TokenSpeed's scheduler puts its load (running, waiting, KV pages) on every
   output batch; the router reads it for ``/get_loads`` and load-aware policies.
 - **The model's identity**: the ranks register with ``--served-model-name`` (else the model
@@ -56,6 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.validate import prompt_refusal
 from smg_servicer_core.watchdog import ExitWatch
 from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
 
@@ -116,17 +118,6 @@ def unsupported(server_args: Any) -> str | None:
 # -- inside each rank --------------------------------------------------------------------------
 
 
-def bad_input(ids: Sequence[int] | None, vocab_size: int, context: int) -> str | None:
-    """What TokenSpeed's front end would refuse in a request's prompt tokens, or None."""
-    if not ids:
-        return "the prompt has no tokens"
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        return f"a token id is outside the vocabulary (0..{vocab_size - 1})"
-    if context and len(ids) >= context:
-        return f"the prompt ({len(ids)} tokens) exceeds the maximum context length ({context})"
-    return None
-
-
 class RankGuard:
     """One rank's side of the lane: wraps the sockets TokenSpeed's ``connect_msgpack_engine``
     returns, to refuse bad input and to drain.
@@ -161,8 +152,9 @@ class RankGuard:
             return
         if not isinstance(obj, io.TokenizedGenerateReqInput) or obj.validation_error:
             return
-        reason = DRAINING if self.draining else bad_input(obj.input_ids, vocab_size, context)
-        if reason is not None:
+        # The one prompt rule of every lane (core's), in the Python lane's words.
+        reason = DRAINING if self.draining else prompt_refusal(obj.input_ids, vocab_size, context)
+        if reason:
             logger.warning("refused %s: %s", obj.rid, reason)
             obj.validation_error = reason
             return

@@ -105,15 +105,20 @@ def test_logprobs_and_a_grammar_reach_the_scheduler(lane: Lane, record: Record) 
 @pytest.mark.parametrize(
     ("path", "bad", "why"),
     [
-        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}, "exceeds the maximum"),
+        ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}, "the context holds"),
         (
             "/generate",
             {"input_ids": [5, 6, 10**6], "sampling_params": {"max_new_tokens": 4}},
             "outside the vocabulary",
         ),
-        ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "no tokens"),
+        ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "is empty"),
+        (
+            "/generate",  # the prompt rule of every lane: no room for one token
+            {"input_ids": [5] * 1024, "sampling_params": {"max_new_tokens": 4}},
+            "the context holds 1024",
+        ),
     ],
-    ids=["too-long", "unknown-token", "empty"],
+    ids=["too-long", "unknown-token", "empty", "fills-context"],
 )
 def test_bad_input_never_reaches_the_model(
     lane: Lane, record: Record, path: str, bad: dict, why: str

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from smg_servicer_core import validate
 from smg_servicer_core.entry import ExitCode, configure_logging
 from smg_servicer_core.zmq_lane import (
     ENGINE_CORE_DEAD,
@@ -81,44 +82,12 @@ LANE_ENV = "SMG_VLLM_ZMQ_LANE"
 _GUARDED = "_smg_zmq_guard"
 
 
-def refusal(
-    prompt_token_ids: Sequence[int] | Any,
-    max_model_len: int,
-    vocab_size: int,
-    embeds_len: int | None = None,
-) -> str:
-    """Why vLLM's front end would refuse this prompt before its engine core (empty: it would not):
-    none or empty, longer than the context, a token id outside the vocabulary. The ids are a list
-    or (vLLM 0.34) an int32 ndarray; a prompt given as embeddings (``embeds_len`` rows, no ids) is
-    checked for its length only."""
-    count = 0 if prompt_token_ids is None else len(prompt_token_ids)
-    length = count or (embeds_len or 0)
-    if not length:
-        return "the prompt has no tokens"
-    if length > max_model_len:
-        return (
-            f"the prompt ({length} tokens) is longer than the maximum model length "
-            f"of {max_model_len}"
-        )
-    if count:
-        low, high = _bounds(prompt_token_ids)
-        if low < 0 or high >= vocab_size:
-            return f"a prompt token id is outside the vocabulary (0-{vocab_size - 1})"
-    return ""
-
-
-def _bounds(ids: Any) -> tuple[int, int]:
-    """The smallest and largest id: an ndarray's own ``min``/``max``, else Python's."""
-    if hasattr(ids, "min") and hasattr(ids, "max"):
-        return int(ids.min()), int(ids.max())
-    return min(ids), max(ids)
-
-
 def guard_engine_core() -> None:
     """In this process's vLLM engine core, for requests the router sends straight here:
 
-    - each is checked as vLLM's front end would (:func:`refusal`, and the sampling parameters'
-      own checks) before vLLM prepares it. A refused request raises there, where vLLM ends that
+    - each is checked by the prompt rule of every lane (``validate.prompt_refusal``: a prompt
+      that fills the context is refused as on the Python lane) and the sampling parameters' own
+      checks, before vLLM prepares it. A refused request raises there, where vLLM ends that
       request with an error and serves on (``_handle_request_preproc_error``); it never reaches
       the model;
     - one that arrives while the core drains is ended with an error, not vLLM's abort: the
@@ -135,11 +104,11 @@ def guard_engine_core() -> None:
     def preprocess_add_request(self: Any, request: Any) -> Any:
         config = self.vllm_config.model_config
         embeds = getattr(request, "prompt_embeds", None)
-        why = refusal(
+        why = validate.prompt_refusal(
             request.prompt_token_ids,
-            config.max_model_len,
             config.get_vocab_size(),
-            None if embeds is None else len(embeds),
+            config.max_model_len,
+            length=0 if embeds is None else len(embeds),
         )
         if why:
             raise ValueError(why)
