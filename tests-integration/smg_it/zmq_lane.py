@@ -85,12 +85,12 @@ def events(response: httpx.Response) -> Iterator[dict]:
             yield json.loads(line[len("data: ") :])
 
 
-def until(check: Callable[[], object], timeout_s: float, what: str) -> float:
+def until(check: Callable[[], object], timeout_s: float, what: str | Callable[[], str]) -> float:
     """Poll ``check`` every 50 ms until it is true (``what`` fails the test after
-    ``timeout_s``); the seconds it took."""
+    ``timeout_s``: a callable is asked then, to say what it saw); the seconds it took."""
     start = time.monotonic()
     while not check():
-        assert time.monotonic() - start < timeout_s, what
+        assert time.monotonic() - start < timeout_s, what() if callable(what) else what
         time.sleep(0.05)
     return time.monotonic() - start
 
@@ -177,14 +177,14 @@ def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
     with ThreadPoolExecutor(4) as pool:
         clients = [pool.submit(stream) for _ in range(4)]
         try:
-            until(watch, 30, f"the router never saw a running request: {seen}")
+            until(watch, 30, lambda: f"the router never saw a running request: {seen[-20:]}")
         finally:
             leave.set()
         assert all(c.result() > 0 for c in clients)
     until(
         lambda: all(load["num_running_reqs"] == 0 for load in lane.loads()),
         10,
-        f"the load stayed up after every client left: {lane.loads()}",
+        lambda: f"the load stayed up after every client left: {lane.loads()}",
     )
 
 
