@@ -27,9 +27,8 @@ and one PING checks the link: a bad setting, a missing Redis client, or a Redis 
 user name, password, ACL or TLS handshake is a configuration error (one line, exit 2, in about
 a second); one that cannot be reached yet is a warning (the loops retry). The URL is only
 logged with its password redacted. ``SMG_VLLM_MM_MAX_RESULT_BYTES`` (512 MiB) caps an encoded
-result and
-``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` caps video sampling. SIGTERM or SIGINT: ``hello`` is removed,
-every loop finishes the job it holds, exit 0. A bad setting: one line, exit 2.
+result and ``SMG_VLLM_MM_MAX_VIDEO_FRAMES`` caps video sampling. SIGTERM or SIGINT: ``hello`` is
+removed, every loop finishes the job it holds, exit 0. A bad setting: one line, exit 2.
 """
 
 from __future__ import annotations
