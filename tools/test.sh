@@ -117,13 +117,17 @@ status=0
 if [[ "${SMG_TEST_SERIAL:-}" == 1 ]]; then
     for name in "${names[@]}"; do run_env "$name" || status=1; done
 else
+    # Each lane's sessions draw their ports from a range of their own (free_port in
+    # smg_servicer_core.testing.process): a port one session checked free and an engine binds
+    # later is never handed out by the other; .ci/run's steps beside the tests take 28000-32768.
     (   # every environment after the first, in order, beside it
+        export SMG_TEST_PORT_RANGE=24000-28000
         code=0
         for name in "${names[@]:1}"; do run_env "$name" >"$logs/$name.log" 2>&1 || code=1; done
         exit "$code"
     ) &
     beside=$!
-    run_env "${names[0]}" || status=1
+    SMG_TEST_PORT_RANGE=20000-24000 run_env "${names[0]}" || status=1
     wait "$beside" || status=1
     for name in "${names[@]:1}"; do
         printf '\n===== %s (run beside the %s run; %s)\n' "$name" "${names[0]}" "$logs/$name.log"

@@ -13,6 +13,12 @@ from smg_servicer_core.testing import process
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(autouse=True)
+def _whole_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests name their own ranges: the session's (tools/test.sh) is not theirs."""
+    monkeypatch.delenv(process.PORT_RANGE_ENV, raising=False)
+
+
 def test_ports_are_free_below_the_ephemeral_range_and_never_handed_out_twice() -> None:
     """Under the kernel's ephemeral range (an outgoing connection elsewhere on the machine cannot
     take the port between the check and the worker's bind) and never the same twice in one
@@ -23,6 +29,18 @@ def test_ports_are_free_below_the_ephemeral_range_and_never_handed_out_twice() -
     assert all(20000 <= p < min(20400, low) for p in ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[0]))  # free when handed out: nothing took it
+
+
+def test_a_session_draws_from_its_own_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test sessions run at once (tools/test.sh) each get a range of their own: one never
+    hands out a port the other may bind a moment later."""
+    monkeypatch.setenv(process.PORT_RANGE_ENV, "20600-20700")
+    ports = [process.free_port() for _ in range(50)]
+    assert all(20600 <= p < 20700 for p in ports), ports
+    for bad, why in (("20800-20700", "is empty"), ("20600", "expected LOW-HIGH"), ("a-b", "LOW")):
+        monkeypatch.setenv(process.PORT_RANGE_ENV, bad)
+        with pytest.raises(RuntimeError, match=why):
+            process.free_port()
 
 
 def test_no_free_port_left_is_an_error() -> None:

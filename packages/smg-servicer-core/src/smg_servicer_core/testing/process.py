@@ -131,6 +131,12 @@ def spawn_until_line(
 
 #: The ports :func:`free_port` handed out in this process (never handed out twice).
 _HANDED_OUT: set[int] = set()
+#: ``LOW-HIGH`` (HIGH excluded): the ports :func:`free_port` draws from in this process.
+#: ``tools/test.sh`` and ``.ci/run`` give each of the test sessions they run at once a range of
+#: its own, so that two sessions never hand out the same port: a port is checked free here and
+#: bound by an engine seconds later (KV-event ports once the model has loaded), and another
+#: session could pick it meanwhile (a gate run lost an SGLang DP worker's replay port so).
+PORT_RANGE_ENV = "SMG_TEST_PORT_RANGE"
 
 
 def _ephemeral_low() -> int:
@@ -141,15 +147,32 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _port_range(top: int) -> tuple[int, int]:
+    """[low, high) of :func:`free_port`: from 20000 to ``top``, narrowed to
+    :data:`PORT_RANGE_ENV` when it is set; a malformed or empty range is an error."""
+    low = 20000
+    spec = environment().get(PORT_RANGE_ENV, "")
+    if spec:
+        first, _, last = spec.partition("-")
+        try:
+            low, top = max(low, int(first)), min(top, int(last))
+        except ValueError:
+            raise RuntimeError(f"{PORT_RANGE_ENV}={spec!r}: expected LOW-HIGH") from None
+    if top <= low:
+        raise RuntimeError(f"no free port: the range [{low}, {top}) is empty ({PORT_RANGE_ENV})")
+    return low, top
+
+
 def free_port(below: int = 55536) -> int:
-    """A free loopback port in [20000, ``below``) and under the kernel's ephemeral range, never
-    handed out twice by this process. Under the ephemeral range: between this check and the
-    worker's bind, any outgoing connection on the machine (an engine's own TCP store, an HTTP
-    client) may take a port in that range (a gate run lost an SGLang worker to it). SGLang
-    derives a port at +10000, so its workers stay below 55536."""
-    top = min(below, _ephemeral_low())
+    """A free loopback port in [20000, ``below``) and under the kernel's ephemeral range (within
+    :data:`PORT_RANGE_ENV` when set), never handed out twice by this process. Under the
+    ephemeral range: between this check and the worker's bind, any outgoing connection on the
+    machine (an engine's own TCP store, an HTTP client) may take a port in that range (a gate
+    run lost an SGLang worker to it). SGLang derives a port at +10000, so its workers stay below
+    55536."""
+    low, top = _port_range(min(below, _ephemeral_low()))
     for _ in range(200):
-        port = 20000 + int.from_bytes(os.urandom(2), "big") % (top - 20000)
+        port = low + int.from_bytes(os.urandom(2), "big") % (top - low)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as sock:
