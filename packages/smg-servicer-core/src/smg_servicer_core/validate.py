@@ -72,12 +72,13 @@ def prompt_refusal(
     return ""
 
 
-def _bounds(ids: Sequence[int] | Any) -> tuple[int, int]:
-    """The smallest and largest id: an array's own ``min``/``max`` (one pass in C), else
-    Python's."""
-    if hasattr(ids, "min") and hasattr(ids, "max"):
-        return int(ids.min()), int(ids.max())
-    return min(ids), max(ids)
+def _bounds(ids: Any) -> tuple[int, int]:
+    """The smallest and largest id (a sequence, or an array: its own ``min``/``max``, one pass in
+    C, else Python's)."""
+    array: Any = ids
+    if hasattr(array, "min") and hasattr(array, "max"):
+        return int(array.min()), int(array.max())
+    return int(min(array)), int(max(array))
 
 
 def choices(n: int) -> int:
