@@ -151,7 +151,8 @@ def check_structured_output_and_logprobs(lane: Lane) -> None:
 def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
     """The engine's load reaches the router (``/get_loads``, polled every second here): requests
     running while clients stream, none once those clients have left (the router aborts their
-    requests: no wait for ``long`` tokens at the engine's CPU pace, ~50 s on SGLang's)."""
+    requests: no wait for ``long`` tokens at the engine's CPU pace, ~50 s on SGLang's) and a
+    short request has then run to its end (a finished request leaves the load too)."""
     body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
     seen: list[int] = []
     leave = threading.Event()
@@ -181,10 +182,13 @@ def check_the_router_sees_the_load(lane: Lane, long: int) -> None:
         finally:
             leave.set()
         assert all(c.result() > 0 for c in clients)
+    finished = lane.post("/v1/completions", prompt="Hello", max_tokens=8, ignore_eos=True)
+    assert finished.status_code == 200, finished.text
+    assert finished.json()["choices"][0]["finish_reason"] == "length", finished.text
     until(
         lambda: all(load["num_running_reqs"] == 0 for load in lane.loads()),
         10,
-        lambda: f"the load stayed up after every client left: {lane.loads()}",
+        lambda: f"the load stayed up after the clients left and a request finished: {lane.loads()}",
     )
 
 
