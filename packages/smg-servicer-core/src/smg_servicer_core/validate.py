@@ -75,10 +75,9 @@ def prompt_refusal(
 def _bounds(ids: Any) -> tuple[int, int]:
     """The smallest and largest id (a sequence, or an array: its own ``min``/``max``, one pass in
     C, else Python's)."""
-    array: Any = ids
-    if hasattr(array, "min") and hasattr(array, "max"):
-        return int(array.min()), int(array.max())
-    return int(min(array)), int(max(array))
+    if hasattr(ids, "min") and hasattr(ids, "max"):
+        return int(ids.min()), int(ids.max())
+    return int(min(ids)), int(max(ids))
 
 
 def choices(n: int) -> int:

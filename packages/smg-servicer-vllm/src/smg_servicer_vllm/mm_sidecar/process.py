@@ -39,6 +39,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from smg_servicer_core.cli import own_flags_parser
 from smg_servicer_core.config import ResolvedSettings, environment, resolve
 from smg_servicer_core.errors import ConfigError
 from smg_servicer_mm_sidecar.client import RedisRejected, RedisTls, check_redis, connect
@@ -78,9 +79,7 @@ def _settings(namespace: argparse.Namespace) -> tuple[ResolvedSettings, RedisUrl
 def own_flags(argv: Sequence[str]) -> argparse.Namespace:
     """The sidecar's own flags of ``argv`` (vLLM's engine arguments left aside), read without
     vLLM: enough to check the settings and Redis before vLLM and torch are imported."""
-    parser = argparse.ArgumentParser(prog=PROG, add_help=False, allow_abbrev=False)
-    for setting in SETTINGS:
-        setting.add_to_parser(parser)
+    parser = own_flags_parser(PROG.removeprefix("python -m "), SETTINGS, "vLLM")
     return parser.parse_known_args(argv)[0]
 
 
