@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from smg_servicer_core.headless import DRAIN_S
 from smg_servicer_core.zmq_lane import handshake_port
 from smg_servicer_sglang import headless
 from smg_servicer_sglang.testing import CPU_FLAGS
@@ -23,7 +24,7 @@ def test_our_flags_are_taken_and_the_rest_left_to_sglang() -> None:
         ["--zmq-worker-url", "ipc:///run/smg/a", "--model-path", "m", "--zmq-engine-index", "3"]
     )
     assert ours.zmq_handshake_address == f"tcp://127.0.0.1:{handshake_port('ipc:///run/smg/a')}"
-    assert (ours.zmq_engine_index, ours.zmq_drain_timeout) == (3, headless.DRAIN_S)
+    assert (ours.zmq_engine_index, ours.zmq_drain_timeout) == (3, DRAIN_S)
     assert rest == ["--model-path", "m"]
 
 

@@ -26,6 +26,11 @@ itself refuses it), prefill/decode roles (the router's SGLang ZMQ client serves 
 (``--enable-lora``: adapter names, loads and in-use counts are the Python lane's; a request naming
 an adapter is refused with 400 here); use the gRPC lane. Exit codes are core's table
 (:class:`smg_servicer_core.entry.ExitCode`).
+
+The lane's flags, the start, the supervision, the drain's deadline and a death told to the
+router are core's headless kit (:mod:`smg_servicer_core.headless`), the same as TokenSpeed's;
+this module is SGLang's adapter to it, and the drain and the input guard inside the ranks are
+the plugin's.
 """
 
 from __future__ import annotations
@@ -34,23 +39,20 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
-import time
 from collections.abc import Generator, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
-from smg_servicer_core.watchdog import ExitWatch
-from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
+from smg_servicer_core.headless import Adapter, Ranks, add_lane_flags, check_lane_flags
+from smg_servicer_core.headless import supervise as core_supervise
+from smg_servicer_core.zmq_lane import HandshakeRelay
 from smg_servicer_sglang import zmq_wire
 from smg_servicer_sglang.zmq_plugin import DRAIN_SIGNAL, ENGINE_INDEX_ENV, HANDSHAKE_ENV
 
 logger = logging.getLogger(__name__)
 
-#: How long a SIGTERM's drain waits for the requests in flight.
-DRAIN_S = 30.0
 #: How long a rank has to stop before it is killed.
 STOP_S = 2.0
 #: Where SGLang looks for plugins, and ours (smg-servicer-sglang's pyproject.toml).
@@ -58,35 +60,12 @@ PLUGIN_GROUP, PLUGIN_NAME = "sglang.srt.plugins", "smg-zmq"
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Our flags, and the rest for SGLang's own parser. ``ValueError`` for a bad one of ours."""
+    """Our flags (core's lane flags), and the rest for SGLang's own parser. ``ValueError`` for a
+    bad one of ours."""
     parser = argparse.ArgumentParser(prog="python -m smg_grpc_servicer.sglang.headless")
-    parser.add_argument(
-        "--zmq-handshake-address",
-        default=None,
-        help="the router's ZMQ handshake, tcp://HOST:PORT (for an ipc:// worker URL the router "
-        "listens on 127.0.0.1 at the port it derives from the URL)",
-    )
-    parser.add_argument(
-        "--zmq-worker-url",
-        default=None,
-        help="the router's ipc:// worker URL, from which the handshake address is derived "
-        "(instead of --zmq-handshake-address)",
-    )
-    parser.add_argument(
-        "--zmq-engine-index", type=int, default=0, help="the engine index to register as (0)"
-    )
-    parser.add_argument(
-        "--zmq-drain-timeout",
-        type=float,
-        default=DRAIN_S,
-        help=f"seconds a SIGTERM waits for the requests in flight ({DRAIN_S:.0f})",
-    )
+    add_lane_flags(parser, fallback="none: one of the two is needed", engine_index=True)
     ours, rest = parser.parse_known_args(list(argv))
-    ours.zmq_handshake_address = handshake_address(ours.zmq_handshake_address, ours.zmq_worker_url)
-    if not 0 <= ours.zmq_engine_index <= 0xFFFF:
-        raise ValueError(f"--zmq-engine-index must be in 0..65535, got {ours.zmq_engine_index}")
-    if ours.zmq_drain_timeout < 0:
-        raise ValueError("--zmq-drain-timeout must be >= 0")
+    check_lane_flags(ours)
     return ours, rest
 
 
@@ -115,79 +94,6 @@ def unsupported(config: Any) -> str | None:
     return None
 
 
-class _Stop(Exception):
-    """A signal while the ranks start: a stop, or SIGQUIT (a rank failed)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class Supervisor:
-    """The ranks after they started: watch them, drain them on a signal, tell the router."""
-
-    def __init__(self, launched: Any, relay: HandshakeRelay, drain_s: float) -> None:
-        self.launched = launched
-        self.relay = relay
-        self.drain_s = drain_s
-        self.stop_asked = False
-        self.quit_reason: str | None = None
-
-    def on_signal(self, signum: int, frame: object) -> None:
-        if signum == signal.SIGQUIT:
-            self.quit_reason = "a scheduler rank reported a fatal error (SIGQUIT)"
-        else:
-            self.stop_asked = True
-
-    def _ranks(self) -> list[int]:
-        pids = {p.pid for p in self.launched.processes if p.pid} | set(self.launched.pids)
-        return sorted(pids)
-
-    def run(self) -> int:
-        watch = ExitWatch(self.launched.processes, self._ranks())
-        try:
-            return self._run(watch)
-        finally:
-            watch.close()
-
-    def _run(self, watch: ExitWatch) -> int:
-        drain_deadline: float | None = None
-        while True:
-            dead = self.quit_reason or self.launched.dead()
-            if dead is not None and drain_deadline is None:
-                told = self.relay.send_dead()
-                logger.error("%s: told the router (%d output socket(s))", dead, len(told))
-                return ExitCode.ENGINE_DIED
-            if dead is not None:
-                codes = [p.exitcode for p in self.launched.processes if p.exitcode is not None]
-                clean = all(code == 0 for code in codes)
-                logger.info("drained (%s)", dead if not clean else "every request finished")
-                return ExitCode.OK if clean else ExitCode.ENGINE_DIED
-            if self.stop_asked and drain_deadline is None:
-                drain_deadline = time.monotonic() + self.drain_s
-                logger.info("draining for up to %.0fs: new requests are refused", self.drain_s)
-                for pid in self._ranks():
-                    try:
-                        os.kill(pid, DRAIN_SIGNAL)
-                    except ProcessLookupError:
-                        continue
-            if not watch.until(drain_deadline):
-                logger.error("the drain ran out of time; the requests left are failed")
-                return ExitCode.ENGINE_DIED
-
-    def close(self) -> None:
-        from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
-
-        self.relay.send_dead()
-        sg.terminate(self.launched.processes, STOP_S, self.launched.pids)
-        if self.launched.load_reader is not None:
-            self.launched.load_reader.close()
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop(signum)
-
-
 @contextlib.contextmanager
 def dialing(handshake: str, engine_index: int) -> Generator[HandshakeRelay]:
     """The relay in front of ``handshake``, and this process's environment set so that the
@@ -214,36 +120,30 @@ def prepared(server_args: Any) -> tuple[Any, Any] | str:
 
 
 def supervise(relay: HandshakeRelay, server_args: Any, port_args: Any, drain_s: float) -> int:
-    """Start the ranks (they dial ``relay``), supervise them until a signal or a death; the exit
-    code."""
+    """Start the ranks (they dial ``relay``), supervise them until a signal or a death (core's
+    supervisor); the exit code."""
     from smg_servicer_sglang import _sglang as sg  # noqa: PLC0415
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, _raise_stop)
-    try:
+    def start() -> Ranks:
         launched = sg.launch_schedulers(server_args, port_args)
-    except (sg.SchedulerStartError, _Stop) as err:
-        stop = err if isinstance(err, _Stop) else err.__cause__
-        if isinstance(stop, _Stop) and stop.signum != signal.SIGQUIT:
-            return ExitCode.OK  # asked to stop while starting
-        logger.error("the scheduler could not start: %s", err)
-        return ExitCode.ENGINE_DIED
-    supervisor = Supervisor(launched, relay, drain_s)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, supervisor.on_signal)
-    if not relay.outputs():  # the scheduler is ready only once it has registered
-        supervisor.close()
-        logger.error(
-            "the scheduler started without dialing its handshake: SGLang did not run the %s "
-            "plugin in it (SGLANG_PLATFORM? a failed load?)",
-            PLUGIN_NAME,
+        own = {p.pid for p in launched.processes}
+        reader = launched.load_reader
+        return Ranks(
+            launched.processes,
+            others=[pid for pid in launched.pids if pid not in own],
+            stop=lambda timeout_s: sg.terminate(launched.processes, timeout_s, launched.pids),
+            closers=[] if reader is None else [reader.close],
         )
-        return ExitCode.ENGINE_DIED
-    logger.info("the scheduler is registered; serving")
-    try:
-        return supervisor.run()
-    finally:
-        supervisor.close()
+
+    adapter = Adapter(
+        start,
+        drain_signal=DRAIN_SIGNAL,
+        start_errors=(sg.SchedulerStartError,),
+        stop_s=STOP_S,
+        not_dialed="the scheduler started without dialing its handshake: SGLang did not run the "
+        f"{PLUGIN_NAME} plugin in it (SGLANG_PLATFORM? a failed load?)",
+    )
+    return core_supervise(relay, adapter, drain_s)
 
 
 def run(ours: argparse.Namespace, server_argv: list[str]) -> int:

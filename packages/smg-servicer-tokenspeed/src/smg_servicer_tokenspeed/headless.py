@@ -39,6 +39,10 @@ TokenSpeed's own ``--data-parallel-address``/``--data-parallel-rpc-port`` (what 
 passes to ``ts serve --headless``). Not on this lane (refused, exit 2): attention data parallelism
 and prefill/decode/encode roles; use the gRPC lane. Exit codes are core's table
 (:class:`smg_servicer_core.entry.ExitCode`).
+
+The lane's flags, the start, the supervision, the drain's deadline and a death told to the
+router are core's headless kit (:mod:`smg_servicer_core.headless`), the same as SGLang's; this
+module is TokenSpeed's adapter to it and the code inside each rank (:class:`RankGuard`).
 """
 
 # TokenSpeed ships no type information; its structs are read loosely on purpose.
@@ -48,23 +52,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import multiprocessing
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
+from smg_servicer_core.headless import Adapter, Ranks, add_lane_flags, check_lane_flags
+from smg_servicer_core.headless import supervise as core_supervise
 from smg_servicer_core.validate import prompt_refusal
-from smg_servicer_core.watchdog import ExitWatch
-from smg_servicer_core.zmq_lane import HandshakeRelay, handshake_address
+from smg_servicer_core.zmq_lane import HandshakeRelay
 
 logger = logging.getLogger(__name__)
 
-#: How long a SIGTERM's drain waits for the requests in flight.
-DRAIN_S = 30.0
 #: How long a rank has to stop before it is killed.
 STOP_S = 5.0
 #: What the launcher sends each rank to start its drain (TokenSpeed uses SIGUSR1 and SIGTERM).
@@ -74,33 +75,13 @@ DRAINING = "the worker is shutting down: retry on another worker"
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Our flags, and the rest for TokenSpeed's own parser. ``ValueError`` for a bad one of
-    ours."""
+    """Our flags (core's lane flags), and the rest for TokenSpeed's own parser. ``ValueError``
+    for a bad one of ours."""
     parser = argparse.ArgumentParser(prog="python -m smg_grpc_servicer.tokenspeed.headless")
-    parser.add_argument(
-        "--zmq-handshake-address",
-        default=None,
-        help="the router's ZMQ handshake, tcp://HOST:PORT (default: TokenSpeed's "
-        "--data-parallel-address and --data-parallel-rpc-port)",
-    )
-    parser.add_argument(
-        "--zmq-worker-url",
-        default=None,
-        help="the router's ipc:// worker URL, from which the handshake address is derived",
-    )
-    parser.add_argument(
-        "--zmq-drain-timeout",
-        type=float,
-        default=DRAIN_S,
-        help=f"seconds a SIGTERM waits for the requests in flight ({DRAIN_S:.0f})",
-    )
+    fallback = "TokenSpeed's --data-parallel-address and --data-parallel-rpc-port"
+    add_lane_flags(parser, fallback=fallback)
     ours, rest = parser.parse_known_args(list(argv))
-    if ours.zmq_handshake_address is not None or ours.zmq_worker_url is not None:
-        ours.zmq_handshake_address = handshake_address(
-            ours.zmq_handshake_address, ours.zmq_worker_url
-        )
-    if ours.zmq_drain_timeout < 0:
-        raise ValueError("--zmq-drain-timeout must be >= 0")
+    check_lane_flags(ours, required=False)
     return ours, rest
 
 
@@ -224,115 +205,21 @@ def rank_main(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
 FAILURE_SIGNALS = (signal.SIGUSR1, signal.SIGQUIT)
 
 
-class _Stop(Exception):
-    """A signal while the ranks start: a stop, or a rank's failure (:data:`FAILURE_SIGNALS`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop(signum)
-
-
-def _terminate(processes: Sequence[Any], timeout_s: float) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        process.join(max(deadline - time.monotonic(), 0))
-        if process.is_alive():
-            process.kill()
-            process.join(1)
-
-
-class Supervisor:
-    """The ranks after they started: watch them, drain them on a signal, tell the router."""
-
-    def __init__(self, processes: list[Any], relay: HandshakeRelay, drain_s: float) -> None:
-        self.processes = processes
-        self.relay = relay
-        self.drain_s = drain_s
-        self.stop_asked = False
-        self.failure: str | None = None
-
-    def on_signal(self, signum: int, frame: object) -> None:
-        if signum in FAILURE_SIGNALS:
-            self.failure = "a scheduler rank reported a fatal error"
-        else:
-            self.stop_asked = True
-
-    def _dead(self, draining: bool) -> str | None:
-        for process in self.processes:
-            code = process.exitcode
-            if code is not None and (code != 0 or not draining):
-                return f"scheduler rank {process.pid} exited with code {code}"
-        return self.failure
-
-    def run(self) -> int:
-        watch = ExitWatch(self.processes)
-        try:
-            return self._run(watch)
-        finally:
-            watch.close()
-
-    def _run(self, watch: ExitWatch) -> int:
-        deadline: float | None = None
-        while True:
-            dead = self._dead(deadline is not None)
-            if dead is not None:
-                told = self.relay.send_dead()
-                logger.error("%s: told the router (%d output socket(s))", dead, len(told))
-                return ExitCode.ENGINE_DIED
-            if deadline is not None and all(p.exitcode == 0 for p in self.processes):
-                logger.info("drained (every request finished)")
-                return ExitCode.OK
-            if self.stop_asked and deadline is None:
-                deadline = time.monotonic() + self.drain_s
-                logger.info("draining for up to %.0fs: new requests are refused", self.drain_s)
-                for process in self.processes:
-                    if process.pid is not None and process.is_alive():
-                        os.kill(process.pid, DRAIN_SIGNAL)
-            if not watch.until(deadline):
-                logger.error("the drain ran out of time; the requests left are failed")
-                return ExitCode.ENGINE_DIED
-
-    def close(self) -> None:
-        _terminate(self.processes, STOP_S)
-        self.relay.send_dead()
-
-
 def supervise(relay: HandshakeRelay, server_args: Any, drain_s: float) -> int:
-    """Start the ranks (they dial ``relay``), supervise them until a signal or a death; the exit
-    code."""
+    """Start the ranks (they dial ``relay``), supervise them until a signal or a death (core's
+    supervisor); the exit code."""
     from smg_servicer_tokenspeed import _tokenspeed as ts  # noqa: PLC0415
 
     host, _, port = relay.address.removeprefix("tcp://").rpartition(":")
     ts.aim_headless(server_args, host, int(port))
-    for sig in (signal.SIGTERM, signal.SIGINT, *FAILURE_SIGNALS):
-        signal.signal(sig, _raise_stop)
-    try:
-        processes = ts.launch_headless(server_args, rank_main)
-    except _Stop as stop:
-        _terminate(multiprocessing.active_children(), STOP_S)
-        if stop.signum in FAILURE_SIGNALS:
-            logger.error("a scheduler rank failed while starting (signal %d)", stop.signum)
-            return ExitCode.ENGINE_DIED
-        return ExitCode.OK  # asked to stop while starting
-    except ts.LaunchError as err:
-        _terminate(err.processes, STOP_S)
-        logger.error("the scheduler could not start: %s", err)
-        return ExitCode.ENGINE_DIED
-    supervisor = Supervisor(processes, relay, drain_s)
-    for sig in (signal.SIGTERM, signal.SIGINT, *FAILURE_SIGNALS):
-        signal.signal(sig, supervisor.on_signal)
-    logger.info("the scheduler is registered; serving")
-    try:
-        return supervisor.run()
-    finally:
-        supervisor.close()
+    adapter = Adapter(
+        lambda: Ranks(ts.launch_headless(server_args, rank_main)),
+        drain_signal=DRAIN_SIGNAL,
+        failure_signals=FAILURE_SIGNALS,
+        start_errors=(ts.LaunchError,),
+        stop_s=STOP_S,
+    )
+    return core_supervise(relay, adapter, drain_s)
 
 
 def run(ours: argparse.Namespace, server_argv: list[str]) -> int:

@@ -56,12 +56,8 @@ from typing import Any
 
 from smg_servicer_core import validate
 from smg_servicer_core.entry import ExitCode, configure_logging
-from smg_servicer_core.zmq_lane import (
-    ENGINE_CORE_DEAD,
-    HandshakeRelay,
-    handshake_address,
-    handshake_port,
-)
+from smg_servicer_core.headless import add_lane_flags, check_lane_flags
+from smg_servicer_core.zmq_lane import ENGINE_CORE_DEAD, HandshakeRelay, handshake_port
 
 # 0.5.5 defined these here; they live in core's zmq_lane now (shared with the SGLang launcher).
 __all__ = ["ENGINE_CORE_DEAD", "HandshakeRelay", "guard_engine_core", "handshake_port", "main"]
@@ -205,18 +201,11 @@ def _parser() -> argparse.ArgumentParser:
     top = argument_parser()(prog="python -m smg_grpc_servicer.vllm.headless")
     serve: Any = serve_subcommand().subparser_init(top.add_subparsers(dest="subparser"))
     serve.prog = top.prog
-    serve.add_argument(
-        "--zmq-handshake-address",
-        default=None,
-        help="the router's ZMQ handshake, tcp://HOST:PORT (for an ipc:// worker URL the router "
-        "listens on 127.0.0.1 at the port it derives from the URL); default: "
-        "tcp://<--data-parallel-address>:<--data-parallel-rpc-port>, as smg serve passes it",
-    )
-    serve.add_argument(
-        "--zmq-worker-url",
-        default=None,
-        help="the router's ipc:// worker URL, from which the handshake address is derived "
-        "(instead of --zmq-handshake-address)",
+    add_lane_flags(
+        serve,
+        fallback="tcp://<--data-parallel-address>:<--data-parallel-rpc-port>, as smg serve "
+        "passes it",
+        drain=False,  # vLLM's own --shutdown-timeout
     )
     parser: argparse.ArgumentParser = serve
     return parser
@@ -228,11 +217,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if getattr(args, "grpc", False):
         raise ValueError("--grpc serves the Python gRPC lane; this launcher is the ZMQ lane")
     args.headless = True
-    address = args.zmq_handshake_address
-    if address is None and args.zmq_worker_url is None and args.data_parallel_rpc_port is not None:
+    fallback = None
+    if args.data_parallel_rpc_port is not None:  # as smg serve passes it
         host = args.data_parallel_address or "127.0.0.1"
-        address = f"tcp://{host}:{args.data_parallel_rpc_port}"  # as smg serve passes it
-    args.zmq_handshake_address = handshake_address(address, args.zmq_worker_url)
+        fallback = f"tcp://{host}:{args.data_parallel_rpc_port}"
+    check_lane_flags(args, fallback=fallback)
     if "--shutdown-timeout" not in " ".join(argv):
         args.shutdown_timeout = DRAIN_S
     return args
