@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from smg_servicer_core import headless
+from smg_servicer_core import headless, watchdog
 from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.headless import Adapter, Ranks, Supervisor
 from smg_servicer_core.testing.ranks import rank
@@ -47,6 +47,13 @@ class Relay:
 
 
 @pytest.fixture(autouse=True)
+def _events_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor wakes on the ranks' exits and on signals, never on the watch's ceiling (a
+    backstop): a run that needs it does not end before the guard of :func:`timed_run`."""
+    monkeypatch.setattr(watchdog, "EXIT_WATCH_CEILING_S", LONG_S * 2)
+
+
+@pytest.fixture(autouse=True)
 def _handlers() -> Iterator[None]:
     """The supervisor installs its signal handlers in this (the test's) process: put them back."""
     saved = {sig: signal.getsignal(sig) for sig in SIGNALS}
@@ -57,7 +64,7 @@ def _handlers() -> Iterator[None]:
 
 def start_ranks(*on_drain: str) -> list[Any]:
     """Stand-in ranks, each doing ``on_drain`` when told to drain, started and ready."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # the rank resets what it inherits
     started = []
     for what in on_drain:
         ready = ctx.Event()
@@ -77,9 +84,11 @@ def supervisor(ranks: Ranks, relay: Relay, drain_s: float = LONG_S) -> Superviso
 
 
 def timed_run(watched: Supervisor) -> tuple[int, float]:
-    """``watched.run()`` and how long it took; one that has not ended after :data:`LONG_S` is
-    ended by a failure signal (then fails here: it missed what happened)."""
-    signal.signal(signal.SIGQUIT, watched.on_signal)
+    """``watched.run()`` with its signal handlers installed, and how long it took; one that has
+    not ended after :data:`LONG_S` is ended by a failure signal (then fails here: it missed what
+    happened)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, watched.on_signal)
     guard = threading.Timer(LONG_S, lambda: os.kill(os.getpid(), signal.SIGQUIT))
     guard.start()
     start = time.monotonic()
@@ -101,7 +110,7 @@ def test_a_drain_ends_once_every_rank_finished_and_only_close_tells_the_router()
     relay = Relay()
     watched = supervisor(Ranks(processes), relay)
     try:
-        later(0.2, lambda: watched.on_signal(signal.SIGTERM, None))
+        later(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM))
         assert timed_run(watched)[0] == ExitCode.OK
         assert [p.exitcode for p in processes] == [0, 0]  # each drained itself
         assert relay.told == 0  # a drained worker is not a dead one
@@ -141,7 +150,7 @@ def test_a_rank_that_fails_while_draining_is_a_death() -> None:
     relay = Relay()
     watched = supervisor(Ranks(processes), relay)
     try:
-        later(0.2, lambda: watched.on_signal(signal.SIGINT, None))
+        later(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
         assert timed_run(watched)[0] == ExitCode.ENGINE_DIED
         assert relay.told == 1
     finally:
@@ -153,7 +162,7 @@ def test_a_drain_that_runs_out_of_time_fails_what_is_left() -> None:
     relay = Relay()
     watched = supervisor(Ranks(processes), relay, drain_s=0.5)
     try:
-        later(0.1, lambda: watched.on_signal(signal.SIGTERM, None))
+        later(0.1, lambda: os.kill(os.getpid(), signal.SIGTERM))
         code, took = timed_run(watched)
         assert code == ExitCode.ENGINE_DIED
         assert took >= 0.5
@@ -187,7 +196,7 @@ def test_a_rank_known_only_by_pid_is_watched_and_signalled(tmp_path: Any) -> Non
     # The second rank as a grandchild would be: known by its pid only.
     watched = supervisor(Ranks(processes[:1], others=[processes[1].pid]), relay)
     try:
-        later(0.2, lambda: watched.on_signal(signal.SIGTERM, None))
+        later(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM))
         assert timed_run(watched)[0] == ExitCode.OK
         processes[1].join(5)
         assert processes[1].exitcode == 0  # it got the drain signal too

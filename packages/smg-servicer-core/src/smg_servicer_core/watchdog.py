@@ -72,6 +72,8 @@ class Watchdog:
 
 #: The longest an :class:`ExitWatch` sleeps when nothing happens (a check the events might miss).
 EXIT_WATCH_CEILING_S = 1.0
+#: The most a wait spends reaping a process whose sentinel said it ended (it is exiting).
+EXIT_WATCH_REAP_S = 1.0
 #: Its sleep when a process cannot be watched by file descriptor (no ``pidfd_open``): polling.
 EXIT_WATCH_POLL_S = 0.05
 
@@ -95,8 +97,11 @@ class ExitWatch:
         os.set_blocking(self._write, False)
         self._owned: list[int] = []
         self._fds = {self._read}
-        for process in processes:
-            self._fds.add(process.sentinel)
+        #: A process by its sentinel: once the sentinel says it ended, it is reaped before the
+        #: wait returns, so the caller reads its exit code (the sentinel closes a moment before
+        #: the process can be waited for; a caller that looked then saw it running and slept on).
+        self._processes = {process.sentinel: process for process in processes}
+        self._fds.update(self._processes)
         self.polled = False
         for pid in pids:
             try:
@@ -125,6 +130,9 @@ class ExitWatch:
                         pass
             else:
                 self._fds.discard(fd)
+                process = self._processes.pop(fd, None)
+                if process is not None:
+                    process.join(EXIT_WATCH_REAP_S)
 
     def until(self, deadline: float | None) -> bool:
         """:meth:`wait`, but no later than ``deadline`` (``time.monotonic()``; None: none);

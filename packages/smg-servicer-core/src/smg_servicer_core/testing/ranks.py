@@ -1,7 +1,9 @@
 """A stand-in scheduler rank for tests of the headless kit (:mod:`smg_servicer_core.headless`):
 a process that serves until it is told to drain, then does what it was told to.
 
-Start it with ``multiprocessing`` (``spawn`` imports this module, not the test's)."""
+Start it with ``multiprocessing``: under ``fork`` (quick: no interpreter to start) it first puts
+back what it inherited from the test's process, the signal handlers and the wakeup descriptor
+a supervisor there installed."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ def rank(on_drain: str, drain_signal: int, ready: Any) -> None:
     def drained(signum: int, frame: object) -> None:
         os._exit(ON_DRAIN_EXIT[on_drain])
 
+    signal.set_wakeup_fd(-1)
+    for inherited in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(inherited, signal.SIG_DFL)
     signal.signal(drain_signal, signal.SIG_IGN if on_drain == "hang" else drained)
     ready.set()
     while True:
