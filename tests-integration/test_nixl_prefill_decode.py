@@ -68,7 +68,9 @@ def _worker(model: Path, role: str, media_dir: Path) -> Worker:
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
     }
-    return Worker(cmd, port, service=SERVICES["vllm"], start_timeout_s=240, env=env)
+    # A bound, not a wait: two VLM workers starting beside the other test lane took over 240 s
+    # in a gate run.
+    return Worker(cmd, port, service=SERVICES["vllm"], start_timeout_s=420, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def pair(
     with prefill, decode:
         for worker in (prefill, decode):
             assert worker.process is not None
-            worker.process.wait_serving(240)
+            worker.process.wait_serving(420)
         yield prefill, decode
 
 

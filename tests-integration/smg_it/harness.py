@@ -86,7 +86,11 @@ class Worker:
         return None if self.process is None else self.process.stop(grace_s)
 
     def __enter__(self) -> Self:
-        self.start().wait_listening(self.start_timeout_s)
+        try:
+            self.start().wait_listening(self.start_timeout_s)
+        except BaseException:
+            self.stop()  # a start that failed or timed out leaves nothing running
+            raise
         return self
 
     def __exit__(
