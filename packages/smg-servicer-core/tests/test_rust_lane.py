@@ -17,6 +17,7 @@ import pytest
 
 from smg_servicer_core import rust_lane
 from smg_servicer_core.config import resolve
+from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -200,3 +201,44 @@ def test_the_server_runs_under_the_lifecycle_and_its_folder_goes() -> None:
     ):
         pass
     assert set(Path(tempfile.gettempdir()).glob("smg-test-rust-*")) == before
+
+
+def test_serve_engine_runs_the_engine_under_the_servers_lifecycle_and_signals(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The recipe every engine's Rust lane runs: ``before`` inside the server's lifecycle, then
+    the engine's own start and supervision under the lifecycle's signals (SIGTERM flips health
+    first); its exit code is the launcher's; a server that cannot serve is exit 2, one line."""
+    made: list[_Server] = []
+    steps: list[str] = []
+
+    def server_class(bind: str, ipc: str, handshake: str, model: str, **kw: object) -> _Server:
+        made.append(_Server())
+        return made[-1]
+
+    def run() -> int:  # the engine installs its SIGTERM handler; the lifecycle wraps it
+        signal.signal(signal.SIGTERM, lambda sig, frame: steps.append(f"{made[0].serving}"))
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        handler(signal.SIGTERM, None)
+        return 7
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = rust_lane.serve_engine(
+            server_class, "h:1", "tcp://h:2", "/m", {}, engine="Test", alive=bool, run=run,
+            before=lambda: steps.append("before"),
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (code, steps) == (7, ["before", "[False]"])  # NOT_SERVING, then the engine's
+    assert made[0].stopped == rust_lane.STOP_S  # the server stopped after the engine
+
+    def taken(*args: object, **keywords: object) -> _Server:
+        raise OSError("address in use")
+
+    code = rust_lane.serve_engine(
+        taken, "h:1", "tcp://h:2", "/m", {}, engine="Test", alive=bool, run=lambda: 0
+    )
+    assert code == ExitCode.CONFIG
+    assert "cannot serve on h:1: address in use" in capsys.readouterr().err

@@ -25,16 +25,18 @@ on a timer. Exit codes are core's table (:class:`~smg_servicer_core.entry.ExitCo
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from smg_servicer_core.entry import ExitCode
+from smg_servicer_core.entry import ExitCode, configure_logging
 from smg_servicer_core.watchdog import ExitWatch
 
 logger = logging.getLogger(__name__)
@@ -116,6 +118,31 @@ def check_lane_flags(
         raise ValueError(f"--zmq-engine-index must be in 0..65535, got {index}")
     if getattr(ours, "zmq_drain_timeout", 0) < 0:
         raise ValueError("--zmq-drain-timeout must be >= 0")
+
+
+def launcher_main(
+    argv: Sequence[str],
+    parse: Callable[[Sequence[str]], tuple[argparse.Namespace, list[str]]],
+    run: Callable[[argparse.Namespace, list[str]], int],
+    *,
+    engine_module: str | None = None,
+) -> int:
+    """A headless launcher's ``main``: ``parse`` its command line (our flags, the engine's rest;
+    a ``ValueError`` is a configuration error: exit 2, one line), set up logging, import
+    ``engine_module`` (missing: exit 2 naming it), then ``run``; the exit code."""
+    try:
+        ours, rest = parse(argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
+    configure_logging("info")
+    if engine_module is not None:
+        try:
+            importlib.import_module(engine_module)
+        except ImportError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return ExitCode.CONFIG
+    return run(ours, rest)
 
 
 # -- the ranks -----------------------------------------------------------------------------------

@@ -10,23 +10,27 @@ engine package builds its lane from these pieces: the ``--servicer-impl`` settin
 (:func:`accepted_keywords`, :func:`keep_accepted`), what no lane serves (:func:`refuse_unserved`),
 the start-up line (:func:`impl_line`), the drain setting of a self-supervised engine
 (:func:`drain_setting`) and :class:`Lifecycle` (SERVING once the engine is connected, NOT_SERVING
-first thing on SIGTERM/SIGINT)."""
+first thing on SIGTERM/SIGINT); :func:`serve_engine` puts them together around the engine's own
+start and supervision."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 import logging
+import multiprocessing
 import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from smg_servicer_core.config import ResolvedSettings, Setting
+from smg_servicer_core.entry import ExitCode
 from smg_servicer_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -235,3 +239,38 @@ def serving(
                 logger.error("the Rust servicer stopped on an error: %s", lifecycle.error)
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+def serve_engine(
+    server_class: Any,
+    bind: str,
+    handshake: str,
+    model: str,
+    keywords: Mapping[str, Any],
+    *,
+    engine: str,
+    alive: Callable[[], bool],
+    run: Callable[[], int],
+    before: Callable[[], None] | None = None,
+) -> int:
+    """The Rust lane's recipe once the engine's settings are read, the same for every engine: the
+    server on ``bind`` (:func:`serving`), ``before`` (what must be set before the engine starts),
+    then ``run()`` (start the engine aimed at ``handshake`` and supervise it: its exit code) under
+    the lifecycle's signals; a server that cannot serve there is a configuration error (exit 2,
+    one line)."""
+    try:
+        with serving(
+            server_class, bind, handshake, model, keywords, engine=engine, alive=alive
+        ) as lifecycle:
+            if before is not None:
+                before()
+            with lifecycle.signals():
+                return run()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.CONFIG
+
+
+def children_alive() -> bool:
+    """Whether this process has a live child (the engine's ranks, for :class:`Lifecycle`)."""
+    return bool(multiprocessing.active_children())

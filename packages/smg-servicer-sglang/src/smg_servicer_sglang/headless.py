@@ -44,8 +44,14 @@ from collections.abc import Generator, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-from smg_servicer_core.entry import ExitCode, configure_logging
-from smg_servicer_core.headless import Adapter, Ranks, add_lane_flags, check_lane_flags
+from smg_servicer_core.entry import ExitCode
+from smg_servicer_core.headless import (
+    Adapter,
+    Ranks,
+    add_lane_flags,
+    check_lane_flags,
+    launcher_main,
+)
 from smg_servicer_core.headless import supervise as core_supervise
 from smg_servicer_core.zmq_lane import HandshakeRelay
 from smg_servicer_sglang import zmq_wire
@@ -170,13 +176,7 @@ def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        ours, rest = parse(sys.argv[1:] if argv is None else argv)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
-    configure_logging("info")
-    return run(ours, rest)
+    return launcher_main(sys.argv[1:] if argv is None else argv, parse, run)
 
 
 if __name__ == "__main__":

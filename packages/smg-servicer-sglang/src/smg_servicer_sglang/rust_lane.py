@@ -113,20 +113,8 @@ def run(server_args: Any, settings: ResolvedSettings) -> int:
             print(f"error: {err}", file=sys.stderr)
             return ExitCode.CONFIG
         keywords = server_keywords(server_args, config, facts, lane.accepted_keywords(server_class))
-        bind = f"{config.host}:{config.port}"
-        try:
-            served = lane.serving(
-                server_class, bind, handshake, str(config.model_path), keywords,
-                engine="SGLang", alive=_ranks_alive,
-            )  # fmt: skip
-            with served as lifecycle, lifecycle.signals():
-                return headless.supervise(relay, server_args, port_args, settings[DRAIN.name])
-        except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return ExitCode.CONFIG
-
-
-def _ranks_alive() -> bool:
-    import multiprocessing  # noqa: PLC0415
-
-    return bool(multiprocessing.active_children())
+        return lane.serve_engine(
+            server_class, f"{config.host}:{config.port}", handshake, str(config.model_path),
+            keywords, engine="SGLang", alive=lane.children_alive,
+            run=lambda: headless.supervise(relay, server_args, port_args, settings[DRAIN.name]),
+        )  # fmt: skip

@@ -50,7 +50,6 @@ module is TokenSpeed's adapter to it and the code inside each rank (:class:`Rank
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -59,7 +58,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from smg_servicer_core.entry import ExitCode, configure_logging
-from smg_servicer_core.headless import Adapter, Ranks, add_lane_flags, check_lane_flags
+from smg_servicer_core.headless import (
+    Adapter,
+    Ranks,
+    add_lane_flags,
+    check_lane_flags,
+    launcher_main,
+)
 from smg_servicer_core.headless import supervise as core_supervise
 from smg_servicer_core.validate import prompt_refusal
 from smg_servicer_core.zmq_lane import HandshakeRelay
@@ -245,18 +250,8 @@ def run(ours: argparse.Namespace, server_argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        ours, rest = parse(sys.argv[1:] if argv is None else argv)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
-    configure_logging("info")
-    try:
-        importlib.import_module("smg_servicer_tokenspeed._tokenspeed")
-    except ImportError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
-    return run(ours, rest)
+    argv = sys.argv[1:] if argv is None else argv
+    return launcher_main(argv, parse, run, engine_module="smg_servicer_tokenspeed._tokenspeed")
 
 
 if __name__ == "__main__":

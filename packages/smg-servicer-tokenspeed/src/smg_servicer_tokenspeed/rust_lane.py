@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import sys
 from typing import Any
 
@@ -95,10 +94,6 @@ def server_keywords(
     return lane.keep_accepted(wanted, accepted)
 
 
-def _ranks_alive() -> bool:
-    return bool(multiprocessing.active_children())
-
-
 def run(server_argv: list[str], settings: ResolvedSettings) -> int:
     """Serve TokenSpeed's flags ``server_argv`` on the Rust lane; the exit code."""
     logger.info(impl_line(settings))
@@ -119,17 +114,12 @@ def run(server_argv: list[str], settings: ResolvedSettings) -> int:
         return ExitCode.CONFIG
     keywords = server_keywords(server_args, facts, lane.accepted_keywords(server_class))
     handshake = f"tcp://127.0.0.1:{lane.free_port()}"
-    bind = f"{server_args.host}:{server_args.port}"
     relay = HandshakeRelay(handshake)
     try:
-        served = lane.serving(
-            server_class, bind, handshake, str(server_args.model), keywords,
-            engine="TokenSpeed", alive=_ranks_alive,
+        return lane.serve_engine(
+            server_class, f"{server_args.host}:{server_args.port}", handshake,
+            str(server_args.model), keywords, engine="TokenSpeed", alive=lane.children_alive,
+            run=lambda: headless.supervise(relay, server_args, settings[DRAIN.name]),
         )  # fmt: skip
-        with served as lifecycle, lifecycle.signals():
-            return headless.supervise(relay, server_args, settings[DRAIN.name])
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
     finally:
         relay.close()

@@ -160,18 +160,11 @@ def run(launch: argparse.Namespace, settings: Any, argv: list[str] | None = None
     handshake = f"tcp://127.0.0.1:{lane.free_port()}"
     args.zmq_handshake_address = handshake
     keywords = server_keywords(config, accepted_keywords(server_class))
-    bind = f"{launch.host}:{launch.port}"
-    try:
-        with lane.serving(
-            server_class, bind, handshake, str(launch.model), keywords,
-            engine="vLLM", alive=_cores_alive,
-        ) as lifecycle:  # fmt: skip
-            headless.prepare_environment()
-            with lifecycle.signals():
-                return headless.run(args, serve.cmd)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.CONFIG
+    return lane.serve_engine(
+        server_class, f"{launch.host}:{launch.port}", handshake, str(launch.model), keywords,
+        engine="vLLM", alive=_cores_alive, before=headless.prepare_environment,
+        run=lambda: headless.run(args, serve.cmd),
+    )  # fmt: skip
 
 
 def _cores_alive() -> bool:
