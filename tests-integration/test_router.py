@@ -20,7 +20,7 @@ import grpc
 import httpx
 import pytest
 
-from smg_it import dashboard
+from smg_it import conformance, dashboard
 from smg_it.engine_metrics import (
     SGLANG_COUNTERS,
     TOKENSPEED_COUNTERS,
@@ -124,6 +124,27 @@ def _engine_holds(worker) -> float:
     return total(samples, "smg_servicer_engine_running_requests") + total(
         samples, "smg_servicer_engine_waiting_requests"
     )
+
+
+@pytest.mark.parametrize("engine", conformance.ENGINES)
+def test_bad_input_gets_the_conformance_tables_answer(
+    request: pytest.FixtureRequest, engine: str
+) -> None:
+    """The Python lane of each engine held to the table every lane is held to
+    (smg_it.conformance): our servicer refuses each case with INVALID_ARGUMENT, which the router
+    answers 400 with our message; the worker serves on."""
+    _, router = request.getfixturevalue(f"{engine}_router")
+    model = _model(router)
+
+    def post(path: str, **body: object) -> httpx.Response:
+        return httpx.post(
+            router.base + path, json={"model": model, "temperature": 0, **body}, timeout=60
+        )
+
+    def served() -> bool:
+        return post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+
+    assert conformance.mismatches("python", engine, post, served) == []
 
 
 def test_client_disconnect_stops_generation_on_the_worker(deployment) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from smg_it.conformance import check_lane
 from smg_it.tokenspeed_suite import Record, scheduler_ranks
 from smg_it.zmq_lane import (
     Lane,
@@ -139,6 +140,12 @@ def test_bad_input_never_reaches_the_model(
     served = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
     assert served.status_code == 200, served.text
     assert served.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_bad_input_gets_the_conformance_tables_answer(lane: Lane) -> None:
+    """The cases above and a bad sampling value, held to the table every lane is held to
+    (smg_it.conformance)."""
+    check_lane("zmq", "tokenspeed", lane)
 
 
 def test_the_router_sees_the_schedulers_load(lane: Lane) -> None:
