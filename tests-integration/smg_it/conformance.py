@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from smg_it.zmq_lane import Lane
+
 #: The cases: (path, body) on the router, beside the model and greedy sampling.
 CASES: dict[str, tuple[str, dict[str, object]]] = {
     "too-long": ("/v1/completions", {"prompt": "Hello " * 1100, "max_tokens": 4}),
@@ -156,14 +158,12 @@ def readme_row() -> str:
     return f"| {head} | {cells} |"
 
 
-def check_lane(lane_name: str, engine: str, lane: object) -> None:
-    """:func:`mismatches` through a :class:`smg_it.zmq_lane.Lane` (a fast lane's router), and the
-    engine process still running after every case."""
-    post = lane.post  # type: ignore[attr-defined]
-    engine_proc = lane.engine.proc  # type: ignore[attr-defined]
+def check_lane(lane_name: str, engine: str, lane: Lane) -> None:
+    """:func:`mismatches` through a fast lane's router, and the engine process still running
+    after every case."""
 
     def served() -> bool:
-        ok = post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
-        return ok and engine_proc.poll() is None
+        ok = lane.post("/v1/completions", prompt="Hello", max_tokens=4).status_code == 200
+        return ok and lane.engine.proc.poll() is None
 
-    assert mismatches(lane_name, engine, post, served) == []
+    assert mismatches(lane_name, engine, lane.post, served) == []

@@ -199,11 +199,10 @@ class Ranks:
 
     def exits(self) -> list[tuple[int, int | None]]:
         """``(pid, exit code)`` of each rank that has exited (the code None where unknown)."""
-        mine = {p.pid for p in self.processes}
         done: list[tuple[int, int | None]] = [
             (p.pid, p.exitcode) for p in self.processes if p.exitcode is not None
         ]
-        return done + [(pid, None) for pid in self.others if pid not in mine and _gone(pid)]
+        return done + [(pid, None) for pid in self.others if _gone(pid)]
 
     def count(self) -> int:
         return len(self.pids())
