@@ -21,9 +21,11 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.smg_serve import completion, smg_serve, stop_leaving_nothing, wait_answering
 from smg_it.zmq_lane import (
     TEST_DRAIN_S,
+    UNDER_LOAD,
     Lane,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
@@ -102,11 +104,17 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     check_the_server_aborts_for_a_client_that_left(lane, LONG, "engine core")
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "rust", "vllm")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     cores = engine_cores(lane)
     assert cores, "no engine core under the launcher"
-    finishes, _ = sigterm_mid_stream(lane, 600)
-    assert finishes == ["length"]
+    finishes, _ = sigterm_mid_stream(lane, 600, key("rust", "vllm"))
+    assert finishes == ["length"] * UNDER_LOAD
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs(cores, timeout=10)
     assert not alive, f"left running: {alive}"
@@ -118,7 +126,7 @@ def test_engine_death_ends_the_stream_and_exits_1(tiny_model: Path) -> None:
     lane = rust_lane(tiny_model)
     try:
         (core,) = engine_cores(lane)
-        kill_mid_stream(lane, core, LONG)
+        kill_mid_stream(lane, core, LONG, key("rust", "vllm"))
         assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
     finally:
         lane.stop()

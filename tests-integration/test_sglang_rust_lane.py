@@ -20,9 +20,11 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.paths import sglang_python
 from smg_it.zmq_lane import (
     TEST_DRAIN_S,
+    UNDER_LOAD,
     Lane,
     check_stream_and_non_stream_agree,
     check_structured_output_and_logprobs,
@@ -139,10 +141,16 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     check_the_server_aborts_for_a_client_that_left(lane, LONG, "scheduler")
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "rust", "sglang")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     rank = scheduler(lane)
-    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT)
-    assert finishes == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT, key("rust", "sglang"))
+    assert finishes == ["length"] * UNDER_LOAD
     assert answers and answers[-1].status_code >= 500, [a.status_code for a in answers]
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs([rank], timeout=10)
@@ -160,7 +168,7 @@ def test_sglang_serve_with_the_variable_and_engine_death(tiny_model: Path) -> No
         log = lane.engine.tail(100_000)
         assert "servicer implementation: rust (env)" in log
         assert "HTTP sidecar is not started on the Rust lane" in log
-        kill_mid_stream(lane, scheduler(lane), LONG)
+        kill_mid_stream(lane, scheduler(lane), LONG, key("rust", "sglang"))
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:
         lane.stop()

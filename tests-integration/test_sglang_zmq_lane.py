@@ -18,9 +18,11 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.paths import sglang_python
 from smg_it.zmq_lane import (
     TEST_DRAIN_S,
+    UNDER_LOAD,
     Lane,
     check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
@@ -105,14 +107,20 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     assert f"request {rid} ended by abort" in lane.engine.tail(100_000)
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "zmq", "sglang")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
     meanwhile is not served (the scheduler refuses it with 503, the router answers an error); the
     launcher exits 0 and leaves nothing running; the router is told the worker is gone. Last in
     this module: it stops the shared lane."""
     rank = scheduler(lane)
-    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT)
-    assert finishes == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, IN_FLIGHT, key("zmq", "sglang"))
+    assert finishes == ["length"] * UNDER_LOAD
     assert answers[-1].status_code >= 500, answers[-1].text
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs([rank], timeout=10)
@@ -131,7 +139,7 @@ def test_engine_death_is_told_to_the_router_at_once(
     rotation, and the launcher exits 1 with nothing left running."""
     lane = sglang_lane(tiny_model, tmp_path_factory.mktemp("zmq-sglang-death"))
     try:
-        kill_mid_stream(lane, scheduler(lane), LONG)
+        kill_mid_stream(lane, scheduler(lane), LONG, key("zmq", "sglang"))
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:
         lane.stop()

@@ -15,8 +15,10 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.zmq_lane import (
     TEST_DRAIN_S,
+    UNDER_LOAD,
     Lane,
     check_a_disconnect_aborts,
     check_stream_and_non_stream_agree,
@@ -95,6 +97,12 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     check_a_disconnect_aborts(lane, LONG)
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "zmq", "vllm")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
     meanwhile is refused with an error (vLLM's own drain answers it "abort" with no text, which
@@ -102,8 +110,8 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     is told the worker is gone."""
     cores = engine_cores(lane)
     assert cores, "no engine core under the launcher"
-    finishes, answers = sigterm_mid_stream(lane, 600)
-    assert finishes == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, 600, key("zmq", "vllm"))
+    assert finishes == ["length"] * UNDER_LOAD
     assert answers[-1].status_code == 500, answers[-1].text
     assert "with an error" in answers[-1].text
     served = [a.json()["choices"][0]["finish_reason"] for a in answers[:-1]]
@@ -125,7 +133,7 @@ def test_engine_death_is_told_to_the_router_at_once(
     lane = vllm_lane(tiny_model, tmp_path_factory.mktemp("zmq-death"))
     try:
         (core,) = engine_cores(lane)
-        kill_mid_stream(lane, core, LONG)
+        kill_mid_stream(lane, core, LONG, key("zmq", "vllm"))
         assert "ENGINE_CORE_DEAD to 1 output socket" in lane.engine.tail(100_000)
     finally:
         lane.stop()

@@ -129,3 +129,32 @@ def test_check_names_every_missing_or_bad_figure(tmp_path, capsys) -> None:
 def test_no_figures_file_says_what_to_run(tmp_path, capsys) -> None:
     assert report.main([str(tmp_path / "missing.json")]) == 2
     assert "run the reliability suite first" in capsys.readouterr().err
+
+
+LANE: dict[str, Any] = {
+    **{k: v for k, v in GOOD.items() if not k.startswith(("malformed", "oversized", "fuzz"))},
+    "fuzz_cases": 48,
+    "fuzz_codes": {"HTTP 200": 10, "HTTP 400": 38},
+    "fuzz_failures": 0,
+}
+
+
+def test_a_fast_lanes_column_is_held_to_the_same_bounds(tmp_path, capsys) -> None:
+    """The lane suite's columns (HTTP statuses through the router) sit beside the engines' and
+    meet the same behaviour bounds; a lane with a failed fuzz answer or a silent truncation
+    fails --check, one with a row missing too."""
+    data: dict[str, Any] = {e: dict(GOOD) for e in report.ENGINES}
+    data["vllm kv"] = {"x": 1}  # not a lane: a column of its own, not checked
+    for e in ("vllm", "sglang"):
+        data[e]["kv_outcomes"] = {"restart": "DATA_LOSS"}
+    data["sglang zmq"] = dict(LANE)
+    assert report.main([str(write(tmp_path, data)), "--check"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith("| tokenspeed | sglang zmq | vllm kv |")
+    assert "48 cases (10 OK) / 0 failures |" in report.table(data)
+    for broken in ({"fuzz_failures": 2}, {"drain_silent": 1}, {"storm_leaked": 3}):
+        data["sglang zmq"] = {**LANE, **broken}
+        assert report.main([str(write(tmp_path, data)), "--check"]) == 1
+    data["sglang zmq"] = {k: v for k, v in LANE.items() if not k.startswith("slow")}
+    assert report.main([str(write(tmp_path, data)), "--check"]) == 1
+    assert "sglang zmq: no figures for slow reader" in capsys.readouterr().err

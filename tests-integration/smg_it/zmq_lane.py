@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from smg_it.figures import record
 from smg_servicer_core.testing.process import WorkerProcess, start_worker
 from smg_servicer_core.testing.router import Router
 
@@ -254,32 +255,73 @@ def aborted(response: httpx.Response) -> bool:
 TEST_DRAIN_S = 300
 
 
+#: The streams in flight when :func:`sigterm_mid_stream` sends SIGTERM: a drain under load.
+UNDER_LOAD = 3
+
+
 def sigterm_mid_stream(
-    lane: Lane, long: int, refused: Callable[[httpx.Response], bool] = errored
-) -> tuple[list[dict], list[httpx.Response]]:
-    """Stream a ``long`` completion; after its first chunks SIGTERM the launcher and post short
-    requests until one is ``refused`` (for up to 10 s). The stream's finish reasons and the posts'
-    answers, in order. The lane's drain should be :data:`TEST_DRAIN_S`."""
+    lane: Lane, long: int, figures: str, refused: Callable[[httpx.Response], bool] = errored
+) -> tuple[list[str], list[httpx.Response]]:
+    """Stream :data:`UNDER_LOAD` ``long`` completions; once each has its first chunks SIGTERM
+    the launcher and post short requests until one is ``refused`` (for up to 10 s). The streams'
+    finish reasons and the posts' answers, in order. The launcher's exit (its code, and seconds
+    after the signal) and what every stream got are recorded as ``figures``'s drain figures
+    (:mod:`smg_it.figures`). The lane's drain should be :data:`TEST_DRAIN_S`."""
     body = lane.body(prompt="Tell me a long story", max_tokens=long, ignore_eos=True, stream=True)
+    started = threading.Barrier(UNDER_LOAD + 1, timeout=60)
+    got: list[list[dict]] = [[] for _ in range(UNDER_LOAD)]
+
+    def stream(index: int) -> None:
+        url = lane.router.base + "/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=120) as s:
+            assert s.status_code == 200
+            chunks = events(s)
+            got[index] += [next(chunks) for _ in range(5)]
+            started.wait()
+            got[index] += list(chunks)
+
     answers: list[httpx.Response] = []
-    with httpx.stream("POST", lane.router.base + "/v1/completions", json=body, timeout=120) as s:
-        assert s.status_code == 200
-        stream = events(s)
-        got = [next(stream) for _ in range(5)]
+    with ThreadPoolExecutor(UNDER_LOAD) as pool:
+        streams = [pool.submit(stream, i) for i in range(UNDER_LOAD)]
+        started.wait()
+        signalled = time.monotonic()
         lane.engine.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = signalled + 10
         while time.monotonic() < deadline and (not answers or not refused(answers[-1])):
             answers.append(lane.post("/v1/completions", prompt="Hello", max_tokens=4))
-        got += list(stream)
-    pieces = [e["choices"][0] for e in got if e.get("choices")]
-    return [c["finish_reason"] for c in pieces if c.get("finish_reason")], answers
+        for done in streams:
+            done.result()
+    code = lane.engine.proc.wait(120)
+    finishes = [
+        c["finish_reason"]
+        for events_of_one in got
+        for c in (e["choices"][0] for e in events_of_one if e.get("choices"))
+        if c.get("finish_reason")
+    ]
+    silent = sum(not any(_ended(e) for e in one) for one in got)
+    record(
+        figures,
+        drain_streams=UNDER_LOAD,
+        drain_finished=finishes.count("length"),
+        drain_silent=silent,
+        drain_new_call=str(answers[-1].status_code) if answers else "-",
+        drain_exit=code,
+        drain_exit_s=round(time.monotonic() - signalled, 1),
+    )
+    return finishes, answers
 
 
-def kill_mid_stream(lane: Lane, victim: psutil.Process, long: int) -> list[str]:
+def _ended(event: dict) -> bool:
+    """A finish or an error: what keeps a stream that stops from being a silent truncation."""
+    choices = event.get("choices") or [{}]
+    return bool(choices[0].get("finish_reason") or event.get("error"))
+
+
+def kill_mid_stream(lane: Lane, victim: psutil.Process, long: int, figures: str) -> list[str]:
     """Stream a ``long`` completion in the background and SIGKILL ``victim`` (an engine process)
     after its first chunks; then the stream must end within 5 s and the launcher exit 1 with
     nothing left running, the next request fail, and the router take the worker out. The
-    stream's lines."""
+    stream's lines; ``figures``'s death figures recorded (:mod:`smg_it.figures`)."""
     body = lane.body(prompt="Tell me a story", max_tokens=long, ignore_eos=True, stream=True)
     ended = threading.Event()
     lines: list[str] = []
@@ -294,13 +336,24 @@ def kill_mid_stream(lane: Lane, victim: psutil.Process, long: int) -> list[str]:
     threading.Thread(target=read, daemon=True).start()
     until(lambda: len(lines) >= 5, 30, "the stream never started")
     everything = lane.engine.children()
+    killed = time.monotonic()
     victim.kill()
     assert ended.wait(5), "the stream did not end after the engine died"
+    detected = time.monotonic() - killed
     assert '"finish_reason":"length"' not in "".join(lines), "a killed engine cannot finish it"
-    assert lane.engine.proc.wait(30) == 1, lane.engine.tail()
+    code = lane.engine.proc.wait(30)
     refused = lane.post("/v1/completions", prompt="Hello", max_tokens=4)
-    assert refused.status_code >= 500, refused.text
     until(lambda: not lane.worker()["is_healthy"], 5, "the router kept the dead worker healthy")
     _, alive = psutil.wait_procs(everything, timeout=10)
+    record(
+        figures,
+        death_detection_s=round(detected, 3),
+        death_codes=[str(refused.status_code)],
+        death_health="out of rotation",
+        death_exit=code,
+        death_left=len(alive),
+    )
+    assert code == 1, lane.engine.tail()
+    assert refused.status_code >= 500, refused.text
     assert not alive, f"left running: {alive}"
     return lines

@@ -15,7 +15,8 @@ A block in the README:
     <!-- end of generated block -->
 
 Each benchmark prints its own reading (its module's ``markdown(rows)``), chosen by the script the
-record's command ran: ``lanes.py``, ``versus_upstream.py``, ``grpc_path_bench.py``.
+record's command ran: ``lanes.py``, ``versus_upstream.py``, ``grpc_path_bench.py``,
+``observability_cost.py``, ``death.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import death
 import grpc_path_bench
 import lanes
 import observability_cost
@@ -48,6 +50,7 @@ RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "versus_upstream.py": versus_upstream.markdown,
     "grpc_path_bench.py": grpc_path_bench.markdown,
     "observability_cost.py": observability_cost.markdown,
+    "death.py": death.markdown,
 }
 
 #: A measured figure written by hand: a number with a unit of time, rate or share, a multiple

@@ -9,6 +9,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from smg_servicer_core.zmq_lane import handshake_port
@@ -63,6 +64,7 @@ def test_the_engine_core_guard_applies_the_one_prompt_rule(
     core = type("EngineCore", (_Core,), {})
     proc = type("EngineCoreProc", (), {})
     monkeypatch.setattr(_engine, "engine_core_classes", lambda: (core, proc, None))
+    monkeypatch.setattr(_engine, "request_decoding", lambda: (_decoder(), _Request))
     headless.guard_engine_core()
     request = SimpleNamespace(
         prompt_token_ids=ids, prompt_embeds=embeds, sampling_params=SimpleNamespace()
@@ -73,6 +75,68 @@ def test_the_engine_core_guard_applies_the_one_prompt_rule(
             engine.preprocess_add_request(request)
     else:
         assert engine.preprocess_add_request(request) == "prepared"
+
+
+class _Sampling(msgspec.Struct):
+    """Checks itself as it is decoded, as vLLM's ``SamplingParams`` does."""
+
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.temperature <= 2:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
+
+
+class _Request(msgspec.Struct, array_like=True, omit_defaults=True):
+    """vLLM's ``EngineCoreRequest`` in small: an array whose first field is the id."""
+
+    request_id: str
+    sampling_params: _Sampling
+    client_index: int = 0
+
+
+def _decoder() -> type:
+    class MsgpackDecoder:
+        def __init__(self, t: type) -> None:
+            self.decoder = msgspec.msgpack.Decoder(t)
+
+        def decode(self, bufs: Any) -> Any:
+            return self.decoder.decode(bufs if isinstance(bufs, bytes) else bufs[0])
+
+    return MsgpackDecoder
+
+
+@pytest.mark.parametrize("client", [0, 3])
+def test_a_request_vllm_cannot_decode_is_refused_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, client: int
+) -> None:
+    """vLLM's sampling parameters check themselves as they are decoded, in the thread that reads
+    every request, so a temperature of 1e30 (the router lets it through) ended that thread. The
+    guard turns it into a request refused with vLLM's own words, sent to its client (vLLM's
+    error path needs the id and the client index); what decodes is untouched, and a frame with
+    no id still raises."""
+    from smg_servicer_vllm import _engine
+
+    core = type("EngineCore", (_Core,), {})
+    decoder = _decoder()
+    monkeypatch.setattr(_engine, "engine_core_classes", lambda: (core, type("P", (), {}), None))
+    monkeypatch.setattr(_engine, "request_decoding", lambda: (decoder, _Request))
+    headless.guard_engine_core()
+    requests = decoder(_Request)
+    bad = msgspec.msgpack.encode(["r1", {"temperature": 1e30}, client][: 3 if client else 2])
+    refused = requests.decode([bad])
+    assert isinstance(refused, headless.Undecodable)
+    assert (refused.request_id, refused.client_index) == ("r1", client)
+    assert refused.why.startswith("temperature must be in [0, 2], got 1e+30.")
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+        core(max_model_len=1024, vocab_size=1000).preprocess_add_request(refused)
+    good = requests.decode([msgspec.msgpack.encode(_Request("r2", _Sampling(0.5)))])
+    assert good == _Request("r2", _Sampling(0.5))
+    with pytest.raises(msgspec.ValidationError):
+        requests.decode([msgspec.msgpack.encode([7, {}])])
+    other = decoder(_Sampling)  # another decoder's failure is its own
+    with pytest.raises(ValueError, match="temperature"):
+        other.decode(msgspec.msgpack.encode({"temperature": 9.0}))
 
 
 def test_the_command_line_aims_at_the_router() -> None:

@@ -23,8 +23,10 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.tokenspeed_suite import SERVICE, Record, scheduler_ranks
 from smg_it.zmq_lane import (
+    UNDER_LOAD,
     Lane,
     aborted,
     check_stream_and_non_stream_agree,
@@ -138,11 +140,17 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane) -> None:
     check_the_server_aborts_for_a_client_that_left(lane, LONG, "scheduler")
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "rust", "tokenspeed")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """Last in this module with the shared lane: it stops it."""
     started = scheduler_ranks(lane.engine)
-    finishes, answers = sigterm_mid_stream(lane, 600, aborted)
-    assert finishes == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, 600, key("rust", "tokenspeed"), aborted)
+    assert finishes == ["length"] * UNDER_LOAD
     assert answers and aborted(answers[-1]), [a.status_code for a in answers]
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs(started, timeout=10)
@@ -161,7 +169,7 @@ def test_ts_serve_with_the_variable_and_engine_death(
     try:
         assert "servicer implementation: rust (env)" in lane.engine.tail(100_000)
         (rank,) = scheduler_ranks(lane.engine)
-        kill_mid_stream(lane, rank, LONG)
+        kill_mid_stream(lane, rank, LONG, key("rust", "tokenspeed"))
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:
         lane.stop()

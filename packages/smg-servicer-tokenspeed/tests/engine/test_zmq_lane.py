@@ -24,8 +24,10 @@ import psutil
 import pytest
 
 from smg_it.conformance import check_lane
+from smg_it.lane_reliability import check_reliability, key
 from smg_it.tokenspeed_suite import Record, scheduler_ranks
 from smg_it.zmq_lane import (
+    UNDER_LOAD,
     Lane,
     aborted,
     check_a_disconnect_aborts,
@@ -161,6 +163,12 @@ def test_a_client_that_disconnects_stops_its_request(lane: Lane, record: Record)
     assert rid in record.rids("abort")
 
 
+def test_the_reliability_suite_holds_on_the_lane(lane: Lane) -> None:
+    """Fuzzed requests, a cancel storm and a slow reader through the router
+    (smg_it.lane_reliability: the Python lanes' checks in the router's terms)."""
+    check_reliability(lane, "zmq", "tokenspeed")
+
+
 def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     """SIGTERM: the stream in flight gets every token and its finish; a request that arrives
     meanwhile is refused (an abort, no token); the ranks stop the way TokenSpeed's loop stops,
@@ -168,8 +176,8 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(lane: Lane) -> None:
     in this module: it stops the shared lane."""
     started = scheduler_ranks(lane.engine)
     assert started
-    finishes, answers = sigterm_mid_stream(lane, LONG, aborted)
-    assert finishes == ["length"]
+    finishes, answers = sigterm_mid_stream(lane, LONG, key("zmq", "tokenspeed"), aborted)
+    assert finishes == ["length"] * UNDER_LOAD
     assert aborted(answers[-1]), answers[-1].text
     assert lane.engine.proc.wait(60) == 0, lane.engine.tail()
     _, alive = psutil.wait_procs(started, timeout=10)
@@ -190,7 +198,7 @@ def test_engine_death_is_told_to_the_router_at_once(
     lane = ts_lane(tiny_model, tmp_path_factory.mktemp("zmq-ts-death"), record)
     try:
         (rank,) = scheduler_ranks(lane.engine)
-        kill_mid_stream(lane, rank, LONG)
+        kill_mid_stream(lane, rank, LONG, key("zmq", "tokenspeed"))
         assert "told the router (1 output socket(s))" in lane.engine.tail(100_000)
     finally:
         lane.stop()

@@ -90,6 +90,15 @@ def engine_core_classes() -> tuple[Any, Any, Any]:
     return EngineCore, EngineCoreProc, EngineShutdownState
 
 
+def request_decoding() -> tuple[Any, Any]:
+    """vLLM's ``MsgpackDecoder`` (whose decoding of a request the ZMQ-lane guard wraps) and
+    ``EngineCoreRequest`` (the type it decodes)."""
+    from vllm.v1.engine import EngineCoreRequest  # noqa: PLC0415 - vLLM's engine core: in a core
+    from vllm.v1.serial_utils import MsgpackDecoder  # noqa: PLC0415 - vLLM's engine core: in a core
+
+    return MsgpackDecoder, EngineCoreRequest
+
+
 def argument_parser() -> Any:
     """vLLM's ``FlexibleArgumentParser``, the class the plugin wraps (ImportError in a vLLM
     without it: such a vLLM has no gRPC launcher we serve)."""

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from smg_servicer_core import validate
 from smg_servicer_core.entry import ExitCode, configure_logging
@@ -86,6 +86,10 @@ def guard_engine_core() -> None:
       checks, before vLLM prepares it. A refused request raises there, where vLLM ends that
       request with an error and serves on (``_handle_request_preproc_error``); it never reaches
       the model;
+    - one vLLM cannot even decode (its sampling parameters check themselves as they are
+      decoded, in the thread that reads every request: a temperature of 1e30, which the router
+      lets through, ended that thread and left the core deaf) is refused the same way: the
+      decoding of a request is wrapped (:func:`_guard_decoding`);
     - one that arrives while the core drains is ended with an error, not vLLM's abort: the
       router answers an aborted request 200 with no text, so a client would take the refusal
       for an empty answer;
@@ -126,10 +130,67 @@ def guard_engine_core() -> None:
             _core_log.info("the router aborts %s", ", ".join(map(str, request_ids)))
         return aborts(self, request_ids)
 
-    setattr(preprocess_add_request, _GUARDED, True)
-    core.preprocess_add_request = preprocess_add_request
+    def guarded(self: Any, request: Any) -> Any:
+        if isinstance(request, Undecodable):
+            raise ValueError(request.why)
+        return preprocess_add_request(self, request)
+
+    setattr(guarded, _GUARDED, True)
+    _guard_decoding()
+    core.preprocess_add_request = guarded
     core.abort_requests = abort_requests
     proc._reject_add_in_shutdown = _reject_add_in_shutdown
+
+
+class Undecodable(NamedTuple):
+    """A request vLLM could not decode: what vLLM's error path needs to end it (its id and its
+    client), and why (the words of vLLM's own check)."""
+
+    request_id: str
+    client_index: int
+    why: str
+
+
+def _guard_decoding() -> None:
+    """A request whose decoding raises becomes :class:`Undecodable` (read from its raw msgpack
+    array, the field order of vLLM's ``EngineCoreRequest``), which the guarded
+    ``preprocess_add_request`` refuses; one without even an id raises as before."""
+    import msgspec  # noqa: PLC0415 - vLLM's own dependency, in a core
+
+    from smg_servicer_vllm._engine import request_decoding  # noqa: PLC0415 - vLLM, in a core
+
+    decoder, request_type = request_decoding()
+    if getattr(decoder.decode, _GUARDED, False):
+        return
+    decode = decoder.decode
+    fields = request_type.__struct_fields__
+    client = fields.index("client_index")
+
+    def guarded(self: Any, bufs: Any) -> Any:
+        try:
+            return decode(self, bufs)
+        except Exception as err:
+            if getattr(self.decoder, "type", None) is not request_type:
+                raise
+            payload = bufs if isinstance(bufs, bytes) else bufs[0]
+            head = _head(msgspec.msgpack.decode(payload), client)
+            if head is None:
+                raise
+            return Undecodable(*head, str(err) or type(err).__name__)
+
+    setattr(guarded, _GUARDED, True)
+    decoder.decode = guarded
+
+
+def _head(raw: object, client: int) -> tuple[str, int] | None:
+    """The request id and client index of a raw ``EngineCoreRequest`` array (``client``: the
+    index's position; a trailing default may be left out), or None."""
+    if not isinstance(raw, list):
+        return None
+    sent = cast("list[object]", raw)
+    rid = sent[0] if sent else None
+    index = sent[client] if len(sent) > client else 0
+    return (rid, index) if isinstance(rid, str) and isinstance(index, int) else None
 
 
 def _exit_code(proc: BaseProcess) -> int | None:

@@ -346,10 +346,14 @@ class StandIn:
             refused = {"type": "abort", "status_code": status, "message": message}
             self.emit([(_Req(rid, list(obj.input_ids or []), 0, 0, set(), False), [], refused)])
             return
+        prompt = list(obj.input_ids or [])
         req = _Req(
             rid=rid,
-            prompt=list(obj.input_ids or []),
-            max_new=int(max_new),
+            prompt=prompt,
+            # Clamped to what the context leaves, as TokenSpeed's engine does
+            # (tokenspeed.runtime.engine.request_handler: max_req_len - prompt - 1): an
+            # unbounded ask ends at the context, not never (the lane fuzz found it running on).
+            max_new=min(int(max_new), max(self.context - len(prompt) - 1, 0)),
             # Greedy (top_k 1, what temperature 0 becomes) does not depend on the seed, which
             # TokenSpeed's msgpack wire derives from the request id when none was given.
             seed=0 if params.top_k == 1 else int(params.seed or 0),
