@@ -4,7 +4,10 @@ scheduler) while the router in front of the lane (``smg launch``, no health flag
 served a request; then a completion is posted every ``--every-s`` for ``--watch-s`` seconds.
 
     uv run python tools/bench/death.py [--engines vllm sglang] [--arms python rust zmq] \
-        [--watch-s 90] [--out tools/bench/results/DATE-death.jsonl]
+        [--watch-s 90] [--fast-health] [--out tools/bench/results/DATE-death.jsonl]
+
+``--fast-health``: the router probes each worker's health every second and takes it out at the
+first failure (:data:`FAST_HEALTH`, what the README's lane table and example commands pass).
 
 One JSON line per lane (stdout, and ``--out``): every answer after the kill as
 ``[seconds, status, what it said]``, when the router's ``/workers`` first showed the worker
@@ -39,6 +42,9 @@ from smg_servicer_core.testing import cached_tiny_model
 
 #: The engine process each engine's lanes lose (its command line holds this).
 VICTIM = {"vllm": "EngineCore", "sglang": "sglang::scheduler"}
+#: The router's health flags that take a dead worker out at once (a ZMQ worker's probe reads a
+#: flag in the router; a gRPC worker's is one HealthCheck call a second).
+FAST_HEALTH = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1")
 #: What the router says when it no longer sends a request to any worker.
 NO_WORKER = ("no_available_workers", "model_not_found", "No available workers", "not found")
 
@@ -82,6 +88,7 @@ def watch(arm: Arm, engine: str, watch_s: float, every_s: float) -> dict[str, An
     return {
         "engine": engine,
         "lane": arm.name,
+        "router_flags": " ".join(arm.router_flags) or "defaults",
         "answers": answers,
         "unhealthy_s": unhealthy,
         "launcher_exit": arm.worker.proc.poll(),
@@ -103,7 +110,10 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
+    flags = sorted({row.get("router_flags", "defaults") for row in rows})
     lines = [
+        f"Router health flags: {', '.join(flags)}.",
+        "",
         "| engine | lane | first failure | last answer from the dead worker | statuses | "
         "unhealthy in /workers | launcher exit |",
         "|---|---|---|---|---|---|---|",
@@ -134,6 +144,7 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--arms", nargs="+", default=["python", "rust", "zmq"])
     parser.add_argument("--watch-s", type=float, default=90.0)
     parser.add_argument("--every-s", type=float, default=0.5)
+    parser.add_argument("--fast-health", action="store_true", help="the router runs FAST_HEALTH")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     model = cached_tiny_model(ROOT / ".cache" / "models")
@@ -142,7 +153,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         python = ROOT / ".venv-sglang" / "bin" / "python" if engine == "sglang" else None
         for name in args.arms:
             with tempfile.TemporaryDirectory() as sockets:
-                arm = Arm(name, model, Path(sockets), engine=engine, python=python)
+                flags = FAST_HEALTH if args.fast_health else ()
+                arm = Arm(name, model, Path(sockets), engine, python, router_flags=flags)
                 try:
                     row = watch(arm, engine, args.watch_s, args.every_s)
                 finally:

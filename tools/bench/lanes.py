@@ -161,16 +161,19 @@ class Arm:
         sockets: Path,
         engine: str = "vllm",
         python: Path | None = None,
+        *,
+        router_flags: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.model = str(model)
+        self.router_flags = tuple(router_flags)
         env = sglang_testing.CPU_ENV if engine == "sglang" else None
         if name == "upstream":
             port = free_port()
             command, env = upstream_command(model, port, engine)
             self.worker = start_worker(command, port, "", env)
             self.worker.wait_serving(300)
-            self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
+            self.router = Router(f"grpc://127.0.0.1:{port}", *router_flags, start_timeout_s=300)
         elif name in ("python", "rust"):
             port = free_port()
             if engine == "sglang":
@@ -183,7 +186,7 @@ class Arm:
             self.worker = start_worker(command, port, "", env)
             # The Rust server answers the router's discovery before the engine connects.
             self.worker.wait_serving(300)
-            self.router = Router(f"grpc://127.0.0.1:{port}", start_timeout_s=300)
+            self.router = Router(f"grpc://127.0.0.1:{port}", *router_flags, start_timeout_s=300)
         else:
             url = f"ipc://{sockets}/engine"
             if engine == "sglang":
@@ -192,7 +195,9 @@ class Arm:
                 command = headless_command(model, url)
             self.worker = start_worker(command, 0, "", env)
             self.router = Router(
-                url, "--backend", engine, "--model-path", self.model, start_timeout_s=300
+                url,
+                *("--backend", engine, "--model-path", self.model, *router_flags),
+                start_timeout_s=300,
             )
         self.router.start()
         self.router.wait_ready()

@@ -33,3 +33,4 @@ def test_the_reading_separates_the_dead_workers_answers_from_the_routers() -> No
     table = death.markdown([ROW, {**ROW, "lane": "python", "unhealthy_s": 121.5, "answers": []}])
     assert "| vllm | zmq | 0.01 s | 1.02 s | 404/500/503 | not in 190.0 s | 1 |" in table
     assert "| vllm | python | - | - |  | 121.5 s | 1 |" in table
+    assert table.startswith("Router health flags: defaults.")
