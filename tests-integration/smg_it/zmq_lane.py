@@ -273,17 +273,27 @@ def sigterm_mid_stream(
 
     def stream(index: int) -> None:
         url = lane.router.base + "/v1/completions"
-        with httpx.stream("POST", url, json=body, timeout=120) as s:
-            assert s.status_code == 200
-            chunks = events(s)
-            got[index] += [next(chunks) for _ in range(5)]
-            started.wait()
-            got[index] += list(chunks)
+        try:
+            with httpx.stream("POST", url, json=body, timeout=120) as s:
+                assert s.status_code == 200
+                chunks = events(s)
+                got[index] += [next(chunks) for _ in range(5)]
+                started.wait()
+                got[index] += list(chunks)
+        except BaseException:
+            started.abort()  # the others stop waiting; this error is the one to show
+            raise
 
     answers: list[httpx.Response] = []
     with ThreadPoolExecutor(UNDER_LOAD) as pool:
         streams = [pool.submit(stream, i) for i in range(UNDER_LOAD)]
-        started.wait()
+        try:
+            started.wait()
+        except threading.BrokenBarrierError:
+            for one in streams:
+                if not isinstance(one.exception(), threading.BrokenBarrierError):
+                    one.result()
+            raise
         signalled = time.monotonic()
         lane.engine.proc.send_signal(signal.SIGTERM)
         deadline = signalled + 10
