@@ -485,6 +485,9 @@ def _uses() -> list[Use]:
         u(f"{core}.preprocess_add_request", "headless.py: guard_engine_core() wraps it", 1),
         u(f"{core}.abort_requests", "headless.py: guard_engine_core() logs the aborts", 1),
         u(f"{core}Proc._handle_request_preproc_error", "headless.py: ends a refused request", 1),
+        # headless.py: _guard_decoding() wraps the decoding of a request (its id and client
+        # index read by the struct's field order when vLLM's own checks raise while decoding)
+        u("vllm.v1.engine:EngineCoreRequest", "_engine.py: request_decoding()"),
         u(f"{core}Proc._handle_shutdown", "headless.py: SIGTERM drains (--shutdown-timeout)", 0),
         u(f"{core}Proc._reject_add_in_shutdown", "headless.py: replaced (an error, not abort)", 1),
         u(f"{core}Proc._send_error_outputs_to_client", "headless.py: the drain's refusal", 2),
