@@ -35,7 +35,10 @@ from smg_servicer_core.testing.process import free_port
 from smg_servicer_core.testing.requests import SERVICES
 from smg_servicer_core.testing.router import Router
 
-pytestmark = pytest.mark.integration
+#: Two VLM workers start in the module's fixture, each bounded at 420 s (below): the suite's
+#: 300 s per-test timeout cut the first one's start in a gate run (2026-12-07) before its own
+#: bound could apply.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 8
 #: Longer than two of vLLM's CPU KV blocks (128 tokens): most of the prompt moves as KV.
