@@ -280,7 +280,10 @@ _INPROCESS = ("concurrency", "output_tokens", "output_tokens_per_s", "ttft_ms_p5
 
 
 def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    asyncio.run(load(arm.router.base, arm.model, min(concurrency, 4), 4, max_tokens))  # warm-up
+    # Warm-up at the cell's own concurrency: every batch size the cell reaches has run once, on
+    # every arm (the replaced implementation warms its engine at every batch size before it says
+    # SERVING; ours leaves that to the first requests, which a cell should not time).
+    asyncio.run(load(arm.router.base, arm.model, concurrency, 2 * concurrency, max_tokens))
     groups = arm.groups()
     before = {name: cpu_seconds(procs) for name, procs in groups.items()}
     streams, wall = asyncio.run(load(arm.router.base, arm.model, concurrency, requests, max_tokens))
