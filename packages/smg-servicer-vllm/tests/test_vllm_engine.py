@@ -113,6 +113,43 @@ async def test_json_schema_output_validates(vllm_stack, tiny_model, from_first_t
     assert set(value) == {"color"} and value["color"] in ("red", "blue")
 
 
+async def direct_ids(llm: Any, rid: str, ids: list[int], max_tokens: int) -> list[int]:
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    final: Any = None
+    async for output in llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+        final = output
+    return list(final.outputs[0].token_ids)
+
+
+async def test_a_token_prompt_reaches_vllm_rendered_with_its_truncation(
+    vllm_stack, async_llm, monkeypatch
+) -> None:
+    """A token prompt is rendered here (vLLM's renderer, inline: no hop through its thread pool,
+    #42), so vLLM gets an engine input and no tokenization kwargs; the truncation still applies:
+    the answer is vLLM's own for the prompt's last tokens."""
+    _, stub = vllm_stack
+    seen: list[tuple[Any, Any]] = []
+    generate = async_llm.generate
+
+    def spy(prompt: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((prompt, kwargs.get("tokenization_kwargs")))
+        return generate(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(async_llm, "generate", spy)
+    request = vreq(max_tokens=12, temperature=0.0, ignore_eos=True, truncate_prompt_tokens=5)
+    [response] = await read_all(stub.Generate(request))
+    monkeypatch.undo()
+    [(prompt, tokenization)] = seen
+    assert "type" in prompt and tokenization is None
+    assert list(prompt["prompt_token_ids"]) == PROMPT[-5:]
+    assert response.complete.prompt_tokens == 5
+    want = await direct_ids(async_llm, "direct-truncated", PROMPT[-5:], 12)
+    assert list(response.complete.output_ids) == want
+    assert want != await direct_ids(async_llm, "direct-whole", PROMPT, 12)
+
+
 async def test_stop_token_is_reported(vllm_stack, async_llm) -> None:
     _, stub = vllm_stack
     want = await direct(async_llm, "direct-stop", temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -24,6 +24,7 @@ __all__ = [
     "embed_params",
     "greedy_params",
     "prometheus_registry",
+    "rendered_tokens",
     "sampling_params",
     "tokens_prompt",
 ]
@@ -48,6 +49,26 @@ def tokens_prompt(input_ids: list[int], text: str = "", cache_salt: str = "") ->
     if cache_salt:
         prompt["cache_salt"] = cache_salt
     return prompt
+
+
+def rendered_tokens(
+    engine: Any, prompt: Any, tokenization: dict[str, Any] | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """A token prompt (:func:`tokens_prompt`) rendered for the engine here, on the event loop,
+    where vLLM would send it through its renderer's thread pool (0.27+: ``AsyncLLM`` hands a raw
+    prompt to ``process_inputs_async``). The call is vLLM's own for a raw prompt, its renderer's
+    ``render_cmpl`` with the completion tokenize parameters and ``tokenization`` (truncation, the
+    length checks), made inline: a prompt of token ids has nothing to tokenize, and the hop cost
+    every request a thread switch and a second thread on the GIL. Returns what to hand
+    ``generate()``: the engine input and the tokenization kwargs it still needs (None: applied);
+    elsewhere (an older release, an encoder-decoder model) the prompt and ``tokenization``."""
+    processor = getattr(engine, "input_processor", None)
+    if not hasattr(processor, "process_inputs_async") or engine.model_config.is_encoder_decoder:
+        return prompt, tokenization
+    renderer = engine.renderer
+    params = renderer.default_cmpl_tok_params.with_kwargs(**(tokenization or {}))
+    (engine_input,) = renderer.render_cmpl([prompt], params)
+    return engine_input, None
 
 
 def embed_params() -> Any:

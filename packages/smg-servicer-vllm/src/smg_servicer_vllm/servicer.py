@@ -357,8 +357,17 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             # Media are fetched and tensors built while the request is tracked, so that an Abort
             # or a cancel during that work stops it.
             async with self.registry.track(request.request_id) as handle:
+                tokens = isinstance(prompt, dict)  # a token prompt (not text, not media)
                 prompt, identity = await self._engine_input(request, prompt, kv, handle)
-                stream = self._engine_stream(request, context, prompt, params, spec=spec, rank=rank)
+                tokenization = spec.tokenization
+                if tokens:
+                    with translated(building_request=True):
+                        prompt, tokenization = _engine.rendered_tokens(
+                            self.engine, prompt, tokenization
+                        )
+                stream = self._engine_stream(
+                    request, context, prompt, params, tokenization=tokenization, rank=rank
+                )
                 # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended,
                 # so vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
                 with translated() as progress.stage:
@@ -384,7 +393,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         prompt: Any,
         params: Any,
         *,
-        spec: SamplingSpec,
+        tokenization: dict[str, Any] | None,
         rank: int | None,
     ) -> Any:
         """vLLM's ``generate()`` of the request (an async generator, not yet started). A
@@ -396,7 +405,7 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             prompt,
             params,
             request.request_id,
-            tokenization_kwargs=spec.tokenization,
+            tokenization_kwargs=tokenization,
             trace_headers=trace_headers(context),
             data_parallel_rank=rank,
             **({"reasoning_ended": True} if shaped else {}),
