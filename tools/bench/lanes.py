@@ -52,6 +52,7 @@ from smg_bench import cpu_seconds
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import WorkerProcess, free_port, start_worker
 from smg_servicer_core.testing.router import Router
+from smg_servicer_core.testing.tiny_model import TinyModelSpec
 from smg_servicer_sglang import testing as sglang_testing
 from smg_servicer_vllm.testing import cpu_flags, headless_command, launcher_command
 
@@ -168,6 +169,7 @@ class Arm:
         python: Path | None = None,
         *,
         router_flags: Sequence[str] = (),
+        kv_cache_bytes: int = 128 << 20,
     ) -> None:
         self.name = name
         self.model = str(model)
@@ -175,7 +177,7 @@ class Arm:
         env = sglang_testing.CPU_ENV if engine == "sglang" else None
         if name == "upstream":
             port = free_port()
-            command, env = upstream_command(model, port, engine)
+            command, env = upstream_command(model, port, engine, kv_cache_bytes)
             self.worker = start_worker(command, port, "", env)
             self.worker.wait_serving(300)
             self.router = Router(f"grpc://127.0.0.1:{port}", *router_flags, start_timeout_s=300)
@@ -187,7 +189,9 @@ class Arm:
                 )
             else:
                 impl = ("--servicer-impl", name)
-                command = launcher_command(model, port, *impl, log_stats=True)
+                command = launcher_command(
+                    model, port, *impl, log_stats=True, kv_cache_bytes=kv_cache_bytes
+                )
             self.worker = start_worker(command, port, "", env)
             # The Rust server answers the router's discovery before the engine connects.
             self.worker.wait_serving(300)
@@ -197,7 +201,7 @@ class Arm:
             if engine == "sglang":
                 command = sglang_testing.headless_command(model, url, python=_need(python))
             else:
-                command = headless_command(model, url)
+                command = headless_command(model, url, kv_cache_bytes=kv_cache_bytes)
             self.worker = start_worker(command, 0, "", env)
             self.router = Router(
                 url,
@@ -222,6 +226,18 @@ class Arm:
         _stop_tree(self.worker)
 
 
+#: The generated models (``--model``) and the KV cache each arm gets for it: ``tiny``, the test
+#: model (a few million parameters); ``medium``, the same family at about 290 million parameters
+#: (float32), so that the engine's share of the work is closer to a real model's.
+MODELS: dict[str, tuple[TinyModelSpec, int]] = {
+    "tiny": (TinyModelSpec(), 128 << 20),
+    "medium": (
+        TinyModelSpec(hidden=1024, layers=24, heads=16, kv_heads=8, intermediate=2816),
+        2 << 30,
+    ),
+}
+
+
 #: The replaced implementation's environments (tools/bench/upstream_<engine>_env.sh).
 UPSTREAM_ENVS = {
     "vllm": ROOT / ".cache" / "bench" / "upstream-vllm",
@@ -229,7 +245,9 @@ UPSTREAM_ENVS = {
 }
 
 
-def upstream_command(model: Path, port: int, engine: str) -> tuple[list[str], dict[str, str]]:
+def upstream_command(
+    model: Path, port: int, engine: str, kv_cache_bytes: int = 128 << 20
+) -> tuple[list[str], dict[str, str]]:
     """The replaced implementation's Python lane (smg-grpc-servicer 0.14.1 from PyPI, in its own
     environment, built on first use): on vLLM, vLLM's gRPC launcher as ours runs, its KV events
     off as ours are; on SGLang, ``sglang serve --smg-grpc-mode`` (SGLang's own entry, which
@@ -243,7 +261,8 @@ def upstream_command(model: Path, port: int, engine: str) -> tuple[list[str], di
         return command, {**sglang_testing.CPU_ENV, "SMG_SGLANG_SERVICER_IMPL": "python"}
     command = [
         str(python), "-m", "vllm.entrypoints.launchers.grpc_server",
-        *cpu_flags(model, log_stats=True), "--host", "127.0.0.1", "--port", str(port),
+        *cpu_flags(model, log_stats=True, kv_cache_bytes=kv_cache_bytes),
+        "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     env = {"SMG_VLLM_SERVICER_IMPL": "python", "SMG_VLLM_SERVICER_KV_EVENTS": "off"}
     return command, env
@@ -454,6 +473,12 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         help="first measure each arm idle for this long (front-end and engine CPU ms a second)",
     )
     parser.add_argument("--requests-per-stream", type=int, default=8)
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="tiny",
+        help="the generated model: tiny (the tests'), or medium (about 290M parameters; vLLM)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
         "--warm-up",
@@ -484,11 +509,23 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         "upstream: the replaced implementation's Python lane (smg-grpc-servicer 0.14.1 in its "
         "own environment, tools/bench/upstream_<engine>_env.sh)",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="a recorded run with the python and upstream arms: exit 1 when this run (or "
+        "--summarize's) falls outside its spread, ours over the replaced implementation "
+        "(tools/bench/README.md; the weekly benchmark workflow)",
+    )
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        report([json.loads(line) for line in args.summarize.read_text().splitlines() if line], out)
-        return 0
-    model = cached_tiny_model(ROOT / ".cache" / "models")
+        rows = read_rows(args.summarize)
+        report(rows, out)
+        return _held(rows, args.against, out)
+    if args.model != "tiny" and args.engine != "vllm":
+        raise SystemExit(f"--model {args.model}: vLLM only (SGLang's flags size the tiny model)")
+    spec, _ = MODELS[args.model]
+    model = cached_tiny_model(ROOT / ".cache" / "models", spec)
     rows: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
         order = args.arms if round_no % 2 == 0 else list(reversed(args.arms))
@@ -497,7 +534,49 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
                 rows.append(row)
                 out(json.dumps(row))
     report(rows, lambda line: print(line, file=sys.stderr))
-    return 0
+    return _held(rows, args.against, lambda line: print(line, file=sys.stderr))
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """A run's rows from its JSON lines (a record's header line, ``tools/bench/record.py``,
+    left out)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "arm" in r]
+
+
+def regressions(rows: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -> list[str]:
+    """Where ``rows`` fall outside ``baseline``'s spread, ours over the replaced implementation
+    (:func:`versus`): per concurrency, a figure's median ratio below the baseline's lowest round
+    (tokens/s) or above its highest (CPU per token, TTFT, ITL); a figure the baseline has and the
+    run lacks is one too. Empty: no regression."""
+    now, then = versus(rows), versus(baseline)
+    if not then:
+        raise SystemExit("--against: the baseline has no python and upstream rounds to compare")
+    found = []
+    for conc, figures in then.items():
+        for name, values in figures.items():
+            measured = now.get(conc, {}).get(name)
+            if not measured:
+                found.append(f"c{conc} {name}: not measured")
+                continue
+            median = statistics.median(measured)
+            low, high = min(values), max(values)
+            if name == "tokens/s" and median < low:
+                found.append(f"c{conc} {name}: {median:.2f}, below the baseline's {low:.2f}")
+            elif name != "tokens/s" and median > high:
+                found.append(f"c{conc} {name}: {median:.2f}, above the baseline's {high:.2f}")
+    return found
+
+
+def _held(rows: Sequence[dict[str, Any]], against: Path | None, emit: Callable[[str], None]) -> int:
+    if against is None:
+        return 0
+    found = regressions(rows, read_rows(against))
+    for line in found:
+        emit(f"regression against {against.name}: {line}")
+    if not found:
+        emit(f"within {against.name}'s spread, ours over the replaced implementation")
+    return 1 if found else 0
 
 
 def measure(
@@ -508,7 +587,9 @@ def measure(
         yield from inprocess(args.engine, model, args, round_no)
         return
     sockets = Path(tempfile.mkdtemp(prefix="smg-lanes-"))
-    arm = Arm(name, model, sockets, args.engine, args.sglang_python)
+    arm = Arm(
+        name, model, sockets, args.engine, args.sglang_python, kv_cache_bytes=MODELS[args.model][1]
+    )
     try:
         if args.idle_s > 0:
             yield {"round": round_no, **idle(arm, args.idle_s)}
@@ -526,6 +607,63 @@ def measure(
         arm.stop()
 
 
+#: What :func:`versus_table` compares, ours over the replaced implementation: (heading, figure).
+_VERSUS: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
+    ("tokens/s", lambda r: r.get("output_tokens_per_s")),
+    (
+        "worker CPU/token (front end + engine)",
+        lambda r: (
+            None
+            if r.get("front_end_cpu_us_per_token") is None
+            else r["front_end_cpu_us_per_token"] + r["engine_cpu_us_per_token"]
+        ),
+    ),
+    ("TTFT p50", lambda r: r.get("ttft_ms_p50")),
+    ("ITL p99", lambda r: r.get("itl_ms_p99")),
+)
+
+
+def versus(
+    rows: Sequence[dict[str, Any]], ours: str = "python"
+) -> dict[int, dict[str, list[float]]]:
+    """Per concurrency, each :data:`_VERSUS` figure of ``ours`` over the ``upstream`` arm's of
+    the same round, one ratio per round (in round order)."""
+    by = {(r["round"], r["arm"], r["concurrency"]): r for r in rows}
+    out: dict[int, dict[str, list[float]]] = {}
+    for conc in sorted({r["concurrency"] for r in rows}):
+        for name, figure in _VERSUS:
+            values = []
+            for round_no in sorted({r["round"] for r in rows}):
+                mine, base = by.get((round_no, ours, conc)), by.get((round_no, "upstream", conc))
+                a = figure(mine) if mine else None
+                b = figure(base) if base else None
+                if a is not None and b:
+                    values.append(a / b)
+            if values:
+                out.setdefault(conc, {})[name] = values
+    return out
+
+
+def versus_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Ours over the replaced implementation per concurrency: each figure's median over the
+    rounds' ratios, its range and the number of rounds (above 1.0 is ours higher: better for
+    tokens/s, worse for the rest)."""
+    heads = [head for head, _ in _VERSUS]
+    lines = ["| conc | rounds | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 2)]
+    for conc, figures in versus(rows).items():
+        rounds = max(len(v) for v in figures.values())
+        cells = []
+        for head in heads:
+            values = figures.get(head)
+            cells.append(
+                f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+                if values
+                else "-"
+            )
+        lines.append(f"| {conc} | {rounds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def sections(rows: Sequence[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
     """A run's reading, in order: (what it is, its lines): the idle table, the load table, and
     the per-round ratios over the Python lane and over the engine in-process (where the run has
@@ -536,6 +674,10 @@ def sections(rows: Sequence[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
         yield "Idle, CPU milliseconds a second, per round:", [idle_table(idle_rows)]
     if loaded:
         yield "Median over the rounds (range):", [table(loaded)]
+    arms = {r["arm"] for r in loaded}
+    if {"python", "upstream"} <= arms:
+        title = "Ours (`python`) over the replaced implementation (`upstream`), per round:"
+        yield title, [versus_table(loaded)]
     for baseline in ("python", "inprocess"):
         if any(r["arm"] == baseline for r in loaded):
             yield f"Per round, each figure over the `{baseline}` arm's:", ratios(loaded, baseline)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from lanes import Stream, idle_table, parse_sse, ratios, report, summarize, table
+from lanes import (
+    Stream,
+    idle_table,
+    parse_sse,
+    ratios,
+    regressions,
+    report,
+    summarize,
+    table,
+    versus_table,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -108,3 +118,64 @@ def test_idle_rows_have_a_table_of_their_own_and_stay_out_of_the_load_table() ->
     idle_part, load_part = lines[0], lines[1]
     assert idle_part == text
     assert [line.split(" | ")[0] for line in load_part.splitlines()[2:]] == ["| python"]
+
+
+def test_ours_over_the_replaced_implementation_is_the_median_of_the_rounds_ratios() -> None:
+    def row(round_no: int, arm: str, tps: float, engine: float) -> dict:
+        return {
+            "round": round_no,
+            "arm": arm,
+            "concurrency": 16,
+            "output_tokens_per_s": tps,
+            "router_cpu_us_per_token": 5.0,
+            "front_end_cpu_us_per_token": 10.0,
+            "engine_cpu_us_per_token": engine,
+            "ttft_ms_p50": 2.0,
+            "itl_ms_p99": 4.0,
+        }
+
+    rows = [row(0, "python", 110, 90), row(0, "upstream", 100, 40)]
+    rows += [row(1, "python", 90, 30), row(1, "upstream", 100, 30)]
+    rows += [row(2, "python", 300, 10), row(2, "upstream", 100, 10), row(3, "python", 1, 1)]
+    (_, _, line) = versus_table(rows).splitlines()
+    # tokens/s 1.1, 0.9, 3.0; worker CPU (10 + engine) 2.0, 1.0, 1.0; round 3 has no pair
+    assert line == (
+        "| 16 | 3 | 1.10 (0.90-3.00) | 1.00 (1.00-2.00) | 1.00 (1.00-1.00) | 1.00 (1.00-1.00) |"
+    )
+    lines: list[str] = []
+    report(rows, lines.append)
+    assert versus_table(rows) in lines
+    alone: list[str] = []  # no replaced arm in the run: no such table
+    report([r for r in rows if r["arm"] == "python"], alone.append)
+    assert not any(ln.startswith("| conc | rounds |") for ln in alone)
+
+
+def _pair(round_no: int, tps: float, cpu: float) -> list[dict]:
+    """One round of ours and the replaced implementation's at 16 streams (theirs fixed)."""
+
+    def row(arm: str, tps: float, cpu: float) -> dict:
+        return {
+            "round": round_no,
+            "arm": arm,
+            "concurrency": 16,
+            "output_tokens_per_s": tps,
+            "front_end_cpu_us_per_token": cpu,
+            "engine_cpu_us_per_token": 0.0,
+            "ttft_ms_p50": 1.0,
+            "itl_ms_p99": 1.0,
+        }
+
+    return [row("python", tps, cpu), row("upstream", 100.0, 10.0)]
+
+
+def test_a_run_outside_the_baselines_spread_is_a_regression() -> None:
+    baseline = [*_pair(0, 95, 10), *_pair(1, 105, 11), *_pair(2, 100, 9)]
+    steady = [*_pair(0, 97, 10.5), *_pair(1, 99, 10), *_pair(2, 120, 10)]
+    assert regressions(steady, baseline) == []
+    slower = [*_pair(0, 90, 10), *_pair(1, 93, 10), *_pair(2, 120, 10)]
+    assert regressions(slower, baseline) == ["c16 tokens/s: 0.93, below the baseline's 0.95"]
+    costlier = [*_pair(0, 100, 12), *_pair(1, 100, 12), *_pair(2, 100, 9)]
+    assert regressions(costlier, baseline) == [
+        "c16 worker CPU/token (front end + engine): 1.20, above the baseline's 1.10"
+    ]
+    assert regressions([], baseline)[0] == "c16 tokens/s: not measured"
