@@ -426,7 +426,30 @@ def _uses() -> list[Use]:
         *read("vllm.outputs:PoolingRequestOutput", "servicer.py: Embed", "outputs", "finished"),
         *read("vllm.outputs:PoolingOutput", "servicer.py: Embed", "data"),
         *read("vllm.logprobs:Logprob", "convert.py", "logprob", "rank"),
+        # a token prompt rendered inline (_engine.py: rendered_tokens(), issue #42)
+        Use(f"{llm}.input_processor", "_engine.py: rendered_tokens()", read=True),
+        Use(f"{model}.is_encoder_decoder", "_engine.py: rendered_tokens()", read=True),
+        Use(
+            "vllm.renderers.base:BaseRenderer.default_cmpl_tok_params",
+            "_engine.py: rendered_tokens()",
+            read=True,
+        ),
+        u("vllm.renderers.base:BaseRenderer.render_cmpl", "_engine.py: rendered_tokens()", 2),
+        u(
+            "vllm.renderers.params:TokenizeParams.with_kwargs",
+            "_engine.py: rendered_tokens() (sampling.py's tokenization kwargs, as **kwargs: the "
+            "dict vLLM's own raw-prompt path hands it)",
+            0,
+        ),
         # capabilities our code detects (releases.py): the fallbacks are run in check_fallbacks
+        Use(
+            "vllm.v1.engine.input_processor:InputProcessor.process_inputs_async",
+            "_engine.py: rendered_tokens() (AsyncLLM sends a raw prompt through the renderer's "
+            "thread pool; its rendered-input branch comes with it)",
+            read=True,
+            since="0.27.0",
+            without="the raw token prompt, which vLLM renders inline itself",
+        ),
         Use(
             f"{processor}.get_dummy_inputs",
             "releases.py: dummy_inputs()",
