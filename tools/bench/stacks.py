@@ -8,14 +8,16 @@ the sampler and reads the files back.
 prints, per file and process (py-spy's ``process PID:"command"`` root frame, named by its role:
 the front end, vLLM's ``EngineCore`` and its model worker, SGLang's scheduler, ...), the process's
 share of the file's samples and its busiest functions, by the samples in which each is the
-innermost frame (self time). ``--match`` adds, per process, the share of samples with each named
-function anywhere on the stack (inclusive time). py-spy comes from PyPI (``pip install py-spy``);
-the figures are samples at ``--rate`` a second, so read them as shares, never as CPU seconds.
+innermost frame (self time). ``--match`` adds, per process, the share of samples with a frame
+naming each (a substring of ``Class.function (file.py)``) anywhere on the stack (inclusive time).
+py-spy comes from PyPI (``pip install py-spy``); the figures are samples (100 a second), so read
+them as shares, never as CPU seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import shutil
 import signal
@@ -95,9 +97,11 @@ def _name(frame: str) -> str:
 
 
 def read(path: Path) -> dict[int, Process]:
-    """A raw file's samples per process (the innermost ``process`` frame of each stack)."""
+    """A raw file's samples per process (the innermost ``process`` frame of each stack); a
+    ``.gz`` file is read through gzip (the committed ones)."""
     processes: dict[int, Process] = {}
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
@@ -120,8 +124,9 @@ def read(path: Path) -> dict[int, Process]:
 
 
 def inclusive(process: Process, function: str) -> int:
-    """The samples of ``process`` with ``function`` anywhere on the stack."""
-    return sum(n for frames, n in process.stacks if any(f.startswith(function) for f in frames))
+    """The samples of ``process`` with a frame naming ``function`` (a substring of its
+    ``Class.function (file.py)``) anywhere on the stack."""
+    return sum(n for frames, n in process.stacks if any(function in f for f in frames))
 
 
 def summary(path: Path, top: int = 8, match: Sequence[str] = ()) -> list[str]:
@@ -151,9 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--match", nargs="*", default=[], help="functions to add up inclusively")
     args = parser.parse_args(argv)
-    files = sorted(args.directory.glob("*.txt"))
+    files = sorted([*args.directory.glob("*.txt"), *args.directory.glob("*.txt.gz")])
     if not files:
-        raise SystemExit(f"no py-spy raw files (*.txt) in {args.directory}")
+        raise SystemExit(f"no py-spy raw files (*.txt, *.txt.gz) in {args.directory}")
     for path in files:
         print("\n".join(summary(path, args.top, args.match)))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,9 @@ def test_samples_are_owned_by_the_innermost_process_and_named_by_role(tmp_path: 
     }
     assert processes[11].self_samples["acquire_read (shm_broadcast.py)"] == 15
     assert role("python -m sglang.launch_server (scheduler_TP0)") == "scheduler"
+    packed = tmp_path / "r0-python-c16.txt.gz"
+    packed.write_bytes(gzip.compress(RAW.encode()))
+    assert {p.pid: p.samples for p in read(packed).values()} == {10: 40, 11: 55, 12: 5}
 
 
 def test_the_summary_gives_each_role_its_share_and_its_busiest_functions(tmp_path: Path) -> None:
