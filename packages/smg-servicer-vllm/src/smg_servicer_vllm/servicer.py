@@ -357,20 +357,13 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
             # Media are fetched and tensors built while the request is tracked, so that an Abort
             # or a cancel during that work stops it.
             async with self.registry.track(request.request_id) as handle:
-                tokens = isinstance(prompt, dict)  # a token prompt (not text, not media)
                 prompt, identity = await self._engine_input(request, prompt, kv, handle)
-                tokenization = spec.tokenization
-                if tokens:
-                    with translated(building_request=True):
-                        prompt, tokenization = _engine.rendered_tokens(
-                            self.engine, prompt, tokenization
-                        )
-                stream = self._engine_stream(
-                    request, context, prompt, params, tokenization=tokenization, rank=rank
-                )
                 # aclosing: a cancelled RPC closes generate() at once, wherever it was suspended,
                 # so vLLM aborts the request (vLLM 0.34's drain waits for exactly that).
                 with translated() as progress.stage:
+                    stream = self._engine_stream(
+                        request, context, prompt, params, spec=spec, rank=rank
+                    )
                     async with contextlib.aclosing(stream):
                         progress.entered = True
                         async for output in stream:
@@ -393,12 +386,18 @@ class VllmEngineServicer(EngineServicer, vllm_engine_pb2_grpc.VllmEngineServicer
         prompt: Any,
         params: Any,
         *,
-        tokenization: dict[str, Any] | None,
+        spec: SamplingSpec,
         rank: int | None,
     ) -> Any:
-        """vLLM's ``generate()`` of the request (an async generator, not yet started). A
-        constraint the router shaped to start at the first token (``grammar_from_first_token``)
-        starts there whatever reasoning parser the engine runs: vLLM's ``reasoning_ended``."""
+        """vLLM's ``generate()`` of the request (an async generator, not yet started). A raw
+        prompt (a token prompt: a dict vLLM has not rendered) is rendered here first
+        (:func:`._engine.rendered_tokens`; its errors are the request's, raised before vLLM took
+        it). A constraint the router shaped to start at the first token
+        (``grammar_from_first_token``) starts there whatever reasoning parser the engine runs:
+        vLLM's ``reasoning_ended``."""
+        tokenization = spec.tokenization
+        if isinstance(prompt, dict) and "type" not in prompt:
+            prompt, tokenization = _engine.rendered_tokens(self.engine, prompt, tokenization)
         sampling = request.sampling_params
         shaped = sampling.grammar_from_first_token and sampling.WhichOneof("constraint")
         return self.engine.generate(
