@@ -419,17 +419,40 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _added(*keys: str) -> Callable[[dict[str, Any]], float | None]:
+    """A row's figure that is the sum of ``keys`` (None where the row lacks one)."""
+
+    def figure(row: dict[str, Any]) -> float | None:
+        values = [row.get(key) for key in keys]
+        return None if None in values else float(sum(v for v in values if v is not None))
+
+    return figure
+
+
+def _round_ratios(
+    rows: Sequence[dict[str, Any]],
+    arm: str,
+    baseline: str,
+    concurrency: int,
+    figure: Callable[[dict[str, Any]], float | None],
+) -> list[float]:
+    """``figure`` of ``arm`` over ``baseline``'s at ``concurrency``, one ratio per round that
+    has both (in round order)."""
+    by = {(r["round"], r["arm"], r["concurrency"]): r for r in rows}
+    values = []
+    for round_no in sorted({r["round"] for r in rows}):
+        mine, base = by.get((round_no, arm, concurrency)), by.get((round_no, baseline, concurrency))
+        a = figure(mine) if mine else None
+        b = figure(base) if base else None
+        if a is not None and b:
+            values.append(a / b)
+    return values
+
+
 #: What ``ratios`` compares, each arm against the baseline arm: (name, the row's figure).
 _RATIOS: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
     ("tokens/s", lambda r: r.get("output_tokens_per_s")),
-    (
-        "router+front-end CPU/token",
-        lambda r: (
-            None
-            if r.get("front_end_cpu_us_per_token") is None
-            else r["router_cpu_us_per_token"] + r["front_end_cpu_us_per_token"]
-        ),
-    ),
+    ("router+front-end CPU/token", _added("router_cpu_us_per_token", "front_end_cpu_us_per_token")),
     ("front-end CPU/token", lambda r: r.get("front_end_cpu_us_per_token")),
     ("ITL p99", lambda r: r.get("itl_ms_p99")),
     ("TTFT p50", lambda r: r.get("ttft_ms_p50")),
@@ -439,22 +462,15 @@ _RATIOS: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
 def ratios(rows: Sequence[dict[str, Any]], baseline: str) -> list[str]:
     """Per arm and concurrency, each figure over the baseline arm's of the same round (one ratio
     per round, in round order): the side-by-side reading of an alternated run."""
-    by = {(r["round"], r["arm"], r["concurrency"]): r for r in rows}
     arms = sorted({r["arm"] for r in rows} - {baseline})
     lines = []
     for conc in sorted({r["concurrency"] for r in rows}):
         for arm in arms:
             parts = []
             for name, figure in _RATIOS:
-                values = []
-                for round_no in sorted({r["round"] for r in rows}):
-                    mine, base = by.get((round_no, arm, conc)), by.get((round_no, baseline, conc))
-                    a = figure(mine) if mine else None
-                    b = figure(base) if base else None
-                    if a is not None and b:
-                        values.append(f"{a / b:.2f}")
+                values = _round_ratios(rows, arm, baseline, conc, figure)
                 if values:
-                    parts.append(f"{name} {', '.join(values)}")
+                    parts.append(f"{name} {', '.join(f'{v:.2f}' for v in values)}")
             if parts:
                 lines.append(f"c{conc} {arm}/{baseline}: " + "; ".join(parts))
     return lines
@@ -617,11 +633,7 @@ _VERSUS: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
     ("tokens/s", lambda r: r.get("output_tokens_per_s")),
     (
         "worker CPU/token (front end + engine)",
-        lambda r: (
-            None
-            if r.get("front_end_cpu_us_per_token") is None
-            else r["front_end_cpu_us_per_token"] + r["engine_cpu_us_per_token"]
-        ),
+        _added("front_end_cpu_us_per_token", "engine_cpu_us_per_token"),
     ),
     ("TTFT p50", lambda r: r.get("ttft_ms_p50")),
     ("ITL p99", lambda r: r.get("itl_ms_p99")),
@@ -633,17 +645,10 @@ def versus(
 ) -> dict[int, dict[str, list[float]]]:
     """Per concurrency, each :data:`_VERSUS` figure of ``ours`` over the ``upstream`` arm's of
     the same round, one ratio per round (in round order)."""
-    by = {(r["round"], r["arm"], r["concurrency"]): r for r in rows}
     out: dict[int, dict[str, list[float]]] = {}
     for conc in sorted({r["concurrency"] for r in rows}):
         for name, figure in _VERSUS:
-            values = []
-            for round_no in sorted({r["round"] for r in rows}):
-                mine, base = by.get((round_no, ours, conc)), by.get((round_no, "upstream", conc))
-                a = figure(mine) if mine else None
-                b = figure(base) if base else None
-                if a is not None and b:
-                    values.append(a / b)
+            values = _round_ratios(rows, ours, "upstream", conc, figure)
             if values:
                 out.setdefault(conc, {})[name] = values
     return out
