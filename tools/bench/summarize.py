@@ -31,7 +31,7 @@ from typing import Any
 
 import death
 import grpc_path_bench
-import lanes
+import lanes_reading
 import observability_cost
 import versus_upstream
 
@@ -46,7 +46,7 @@ END = "<!-- end of generated block -->"
 
 #: The benchmark scripts whose records the README quotes, and how each prints one.
 RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
-    "lanes.py": lanes.markdown,
+    "lanes.py": lanes_reading.markdown,
     "versus_upstream.py": versus_upstream.markdown,
     "grpc_path_bench.py": grpc_path_bench.markdown,
     "observability_cost.py": observability_cost.markdown,

@@ -5,17 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from lanes import (
-    Stream,
-    idle_table,
-    parse_sse,
-    ratios,
-    regressions,
-    report,
-    summarize,
-    table,
-    versus_table,
-)
+from lanes import Stream, parse_sse, summarize
+from lanes_reading import idle_table, ratios, regressions, report, table, versus_table
 
 pytestmark = pytest.mark.unit
 
