@@ -111,19 +111,24 @@ def test_idle_rows_have_a_table_of_their_own_and_stay_out_of_the_load_table() ->
     assert [line.split(" | ")[0] for line in load_part.splitlines()[2:]] == ["| python"]
 
 
+def _loaded(round_no: int, arm: str, tps: float, front_end: float, engine: float) -> dict:
+    """A load row at 16 streams with the figures the ours-over-theirs reading uses."""
+    return {
+        "round": round_no,
+        "arm": arm,
+        "concurrency": 16,
+        "output_tokens_per_s": tps,
+        "router_cpu_us_per_token": 5.0,
+        "front_end_cpu_us_per_token": front_end,
+        "engine_cpu_us_per_token": engine,
+        "ttft_ms_p50": 2.0,
+        "itl_ms_p99": 4.0,
+    }
+
+
 def test_ours_over_the_replaced_implementation_is_the_median_of_the_rounds_ratios() -> None:
     def row(round_no: int, arm: str, tps: float, engine: float) -> dict:
-        return {
-            "round": round_no,
-            "arm": arm,
-            "concurrency": 16,
-            "output_tokens_per_s": tps,
-            "router_cpu_us_per_token": 5.0,
-            "front_end_cpu_us_per_token": 10.0,
-            "engine_cpu_us_per_token": engine,
-            "ttft_ms_p50": 2.0,
-            "itl_ms_p99": 4.0,
-        }
+        return _loaded(round_no, arm, tps, 10.0, engine)
 
     rows = [row(0, "python", 110, 90), row(0, "upstream", 100, 40)]
     rows += [row(1, "python", 90, 30), row(1, "upstream", 100, 30)]
@@ -143,20 +148,7 @@ def test_ours_over_the_replaced_implementation_is_the_median_of_the_rounds_ratio
 
 def _pair(round_no: int, tps: float, cpu: float) -> list[dict]:
     """One round of ours and the replaced implementation's at 16 streams (theirs fixed)."""
-
-    def row(arm: str, tps: float, cpu: float) -> dict:
-        return {
-            "round": round_no,
-            "arm": arm,
-            "concurrency": 16,
-            "output_tokens_per_s": tps,
-            "front_end_cpu_us_per_token": cpu,
-            "engine_cpu_us_per_token": 0.0,
-            "ttft_ms_p50": 1.0,
-            "itl_ms_p99": 1.0,
-        }
-
-    return [row("python", tps, cpu), row("upstream", 100.0, 10.0)]
+    return [_loaded(round_no, "python", tps, cpu, 0.0), _loaded(round_no, "upstream", 100, 10, 0)]
 
 
 def test_a_run_outside_the_baselines_spread_is_a_regression() -> None:
