@@ -1,8 +1,10 @@
 """What ``sglang.Engine`` (in-process, no servicer) produces for the cases the engine tests
 replay through the servicer. Run in a process of its own by :func:`smg_it.sglang.run_reference`
-(``python -m smg_it.sglang_reference MODEL OUT.json [--embed | --lora NAME=DIR ...]``), in the
-SGLang environment. ``--lora``: greedy ids of :data:`LORA_PROMPT` for the base model and each
-adapter, alone and all in one batch (SGLang's own LoRA path, ``lora_path`` by name)."""
+(``python -m smg_it.sglang_reference MODEL OUT.json [--embed | --images | --lora NAME=DIR ...]``),
+in the SGLang environment. ``--lora``: greedy ids of :data:`LORA_PROMPT` for the base model and each
+adapter, alone and all in one batch (SGLang's own LoRA path, ``lora_path`` by name). ``--images``
+(a Gemma3 model): greedy ids of :data:`IMAGE_CASES`, SGLang's own processor reading the PNGs
+(``image_data``) and expanding the prompt's ``<start_of_image>``."""
 
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ MAX_TOKENS = 12
 TOP = 3
 EMBED_CASES = {"a": [1, 5, 9, 200, 31], "b": [42, 17, 99, 1024]}
 LORA_PROMPT = [1, 5, 9, 200, 31]
+#: name -> (prompt text, the seeds of its images' PNGs: ``media.png_image(56, 56, seed)``).
+IMAGE_CASES: dict[str, tuple[str, tuple[int, ...]]] = {
+    "one": ("What is in <start_of_image> this picture?", (1,)),
+    "other": ("What is in <start_of_image> this picture?", (2,)),
+    "two": ("Compare <start_of_image> and <start_of_image> please.", (1, 2)),
+}
+IMAGE_ENGINE_KWARGS = {"enable_multimodal": True, "image_processor_backend": "pil"}
 
 
 def lora_outputs(engine: object, names: list[str]) -> dict[str, object]:
@@ -54,6 +63,21 @@ def embeddings(engine: object) -> dict[str, list[float]]:
     return result
 
 
+def image_outputs(engine: object) -> dict[str, list[int]]:
+    """Greedy ids of each of :data:`IMAGE_CASES`, the images as data URLs."""
+    from smg_servicer_core.testing.media import data_url, png_image
+
+    result = {}
+    for name, (prompt, seeds) in IMAGE_CASES.items():
+        got = engine.generate(  # type: ignore[attr-defined]
+            prompt=prompt,
+            image_data=[data_url(png_image(56, 56, seed)) for seed in seeds],
+            sampling_params={"temperature": 0, "max_new_tokens": MAX_TOKENS},
+        )
+        result[name] = got["output_ids"]
+    return result
+
+
 def main() -> None:
     import sglang  # pyright: ignore[reportMissingImports] - runs in the SGLang environment
 
@@ -61,10 +85,17 @@ def main() -> None:
     embed = "--embed" in sys.argv
     adapters = sys.argv[sys.argv.index("--lora") + 1 :] if "--lora" in sys.argv else []
     lora = LORA_ENGINE_KWARGS | {"lora_paths": adapters} if adapters else {}
+    images = "--images" in sys.argv
+    vision = IMAGE_ENGINE_KWARGS if images else {}
     engine = sglang.Engine(
-        model_path=model, skip_server_warmup=True, is_embedding=embed, **ENGINE_KWARGS, **lora
-    )
+        model_path=model, skip_server_warmup=True, is_embedding=embed, **ENGINE_KWARGS, **lora,
+        **vision,
+    )  # fmt: skip
     try:
+        if images:
+            with open(out, "w") as fh:
+                json.dump(image_outputs(engine), fh)
+            return
         if adapters:
             names = [pair.split("=", 1)[0] for pair in adapters]
             with open(out, "w") as fh:

@@ -9,6 +9,7 @@ import pytest
 
 from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_core.proto import common_pb2
+from smg_servicer_core.proto import sglang_scheduler_pb2 as sglang_pb
 from smg_servicer_core.proto import tokenspeed_scheduler_pb2 as ts_pb
 from smg_servicer_core.proto import vllm_engine_pb2 as vllm_pb
 from smg_servicer_core.tensors import read_tensor, release_shm, shm_namespace_id
@@ -22,6 +23,15 @@ def test_inline_tensor_of_any_wire(wire: object) -> None:
     message = wire.TensorData(shape=[2, 2], dtype="float32", inline=FOUR_FLOATS)  # type: ignore[attr-defined]
     raw = read_tensor(message, "x")
     assert (raw.dtype, raw.shape, raw.data, raw.nbytes) == ("float32", (2, 2), FOUR_FLOATS, 16)
+
+
+def test_sglangs_data_only_tensor_is_read_and_checked_the_same_way() -> None:
+    """SGLang's ``TensorData`` has no payload oneof: its ``data`` bytes, under the same checks."""
+    raw = read_tensor(sglang_pb.TensorData(shape=[4], dtype="float32", data=FOUR_FLOATS), "x")
+    assert (raw.shape, raw.data) == ((4,), FOUR_FLOATS)
+    with pytest.raises(InvalidRequest, match="is 8 bytes, got 16"):
+        read_tensor(sglang_pb.TensorData(shape=[2], dtype="float32", data=FOUR_FLOATS), "x")
+    assert release_shm([sglang_pb.TensorData(shape=[4], dtype="float32", data=FOUR_FLOATS)]) == 0
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """Tensors the router sends (``TensorData`` of any wire), read into checked raw bytes, engine-free.
 
-Every wire's ``TensorData`` has ``shape``, ``dtype`` and a payload ``inline`` (the bytes in the
-message), ``shm`` (a same-host POSIX shared-memory segment: ``name``, ``offset``, ``nbytes``) or
-``remote`` (another transport). :func:`read_tensor` checks the dtype, that the shape's size matches
-the payload, and bounds the size; a shared-memory segment is read and then unlinked (the router
+Every wire's ``TensorData`` has ``shape`` and ``dtype``; vLLM's and TokenSpeed's have a payload
+``inline`` (the bytes in the message), ``shm`` (a same-host POSIX shared-memory segment: ``name``,
+``offset``, ``nbytes``) or ``remote`` (another transport), SGLang's only ``data`` (inline bytes).
+:func:`read_tensor` checks the dtype, that the shape's size matches the payload, and bounds the
+size; a shared-memory segment is read and then unlinked (the router
 hands it over, the worker frees it). Every failure is INVALID_ARGUMENT (``remote``: UNIMPLEMENTED)
 with a message naming the field, never the raw OS error.
 """
@@ -80,6 +81,12 @@ def _read_shm(name: str, offset: int, nbytes: int, where: str) -> bytes:
             logger.warning("shared-memory segment %s was already gone", name)
 
 
+def _payload_kind(message: Any) -> str | None:
+    if "payload" not in message.DESCRIPTOR.oneofs_by_name:
+        return "data"
+    return message.WhichOneof("payload")
+
+
 def read_tensor(message: Any, where: str, *, max_bytes: int = MAX_TENSOR_BYTES) -> RawTensor:
     """``message`` (a ``TensorData``) as a :class:`RawTensor`; ``where`` names it in errors."""
     dtype = str(message.dtype)
@@ -90,8 +97,10 @@ def read_tensor(message: Any, where: str, *, max_bytes: int = MAX_TENSOR_BYTES) 
     expected = math.prod(shape) * itemsize
     if expected > max_bytes:
         raise InvalidRequest(f"{where}: {expected} bytes is over the {max_bytes}-byte limit")
-    kind = message.WhichOneof("payload")
-    if kind == "inline":
+    kind = _payload_kind(message)
+    if kind == "data":  # SGLang's wire: inline bytes only
+        data = bytes(message.data)
+    elif kind == "inline":
         data = bytes(message.inline)
     elif kind == "shm":
         handle = message.shm
@@ -119,7 +128,7 @@ def release_shm(messages: Iterable[Any]) -> int:
     leaves them: the router may send the same handles to another worker.)"""
     released = 0
     for message in messages:
-        if message.WhichOneof("payload") != "shm" or not _SHM_NAME.match(message.shm.name):
+        if _payload_kind(message) != "shm" or not _SHM_NAME.match(message.shm.name):
             continue
         try:
             segment = shared_memory.SharedMemory(name=str(message.shm.name).lstrip("/"))

@@ -51,6 +51,9 @@ from sglang.srt.lora.lora_registry import LoRARegistry as _LoRARegistry
 from sglang.srt.managers import io_struct as _io
 from sglang.srt.managers.load_snapshot import create_load_snapshot_reader
 from sglang.srt.managers.schedule_batch import FINISH_ABORT as _FINISH_ABORT
+from sglang.srt.managers.schedule_batch import Modality as _Modality
+from sglang.srt.managers.schedule_batch import MultimodalDataItem as _MultimodalDataItem
+from sglang.srt.managers.schedule_batch import MultimodalProcessorOutput as _MmOutput
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper as _IdleSleeper
 from sglang.srt.observability import metrics_collector as _mc
@@ -82,6 +85,7 @@ from smg_servicer_core.config import environment
 from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_sglang import grammar_hooks
 from smg_servicer_sglang.convert import ReqSpec
+from smg_servicer_sglang.images import Images, rules_of
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +165,37 @@ def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
     return {**spec.fields, "input_ids": array("q", spec.fields["input_ids"])}
 
 
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def mm_output(images: Images | None) -> Any:
+    """SGLang's ``MultimodalProcessorOutput`` for checked images: one image item per image
+    (its pixels, its placeholder span as inclusive offsets), the family's image, start and end
+    tokens. The scheduler hashes each item into its pad values."""
+    if images is None:
+        return None
+    import torch  # noqa: PLC0415 - SGLang's own dependency
+
+    raw = images.pixel_values
+    pixels = torch.frombuffer(bytearray(raw.data), dtype=getattr(torch, _TORCH_DTYPES[raw.dtype]))
+    pixels = pixels.reshape(images.count, 3, *raw.shape[-2:])
+    rules = images.rules
+    items = [
+        _MultimodalDataItem(
+            modality=_Modality.IMAGE,
+            feature=pixels[i : i + 1].clone(),
+            offsets=[(offset, offset + length - 1)],
+        )
+        for i, (offset, length) in enumerate(images.spans)
+    ]
+    return _MmOutput(
+        mm_items=items,
+        im_token_id=rules.image_token_id,
+        im_start_id=rules.start_id,
+        im_end_id=rules.end_id,
+    )
+
+
 def _adapter_fields(cls: Any, adapter: tuple[str, str] | None) -> dict[str, Any]:
     """The request's adapter, ``(lora_id, lora_name)``: its id, and its name where the release's
     struct carries one (0.5.23 added ``lora_name``; the scheduler names KV events with it)."""
@@ -178,11 +213,11 @@ def build_generate(
     """SGLang's ``TokenizedGenerateReqInput`` for ``spec`` (from :mod:`.convert`); ``adapter``:
     the resolved LoRA adapter, ``(lora_id, lora_name)`` (:mod:`.lora`)."""
     fields = _wire_fields(spec) | _adapter_fields(TokenizedGenerateReqInput, adapter)
+    fields["mm_inputs"] = mm_output(fields.get("mm_inputs"))
     return _struct(
         TokenizedGenerateReqInput,
         rid=spec.rid,
         input_embeds=None,
-        mm_inputs=None,
         token_type_ids=None,
         sampling_params=_checked_params(spec.sampling, vocab_size, tokenizer),
         **fields,
@@ -516,6 +551,13 @@ def model_facts(server_args: Any) -> dict[str, Any]:
         "bos_token_id": int(getattr(text, "bos_token_id", None) or 0),
         "num_labels": int(getattr(hf, "num_labels", 0) or 0),
         "id2label": dict(getattr(hf, "id2label", None) or {}),
+        # Images: a vision model SGLang serves as one (its multimodal switch on) of a family
+        # whose image rules the servicer knows (images.FAMILIES).
+        "image_rules": (
+            rules_of(hf, getattr(server_args, "limit_mm_data_per_request", None))
+            if getattr(config, "is_image_understandable_model", False)
+            else None
+        ),
     }
 
 

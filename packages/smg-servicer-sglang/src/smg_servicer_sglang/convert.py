@@ -29,6 +29,7 @@ from smg_servicer_core.errors import (
 )
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_sglang.grammar_hooks import ERR_TYPE as GRAMMAR_ABORT
+from smg_servicer_sglang.images import ImageRules, read_images
 
 #: Stop strings and stop token ids SGLang accepts per request.
 MAX_STOPS = 32
@@ -44,6 +45,8 @@ class ModelLimits:
     #: A prefill or decode worker whose KV moves between workers: a request must name its
     #: transfer (``disaggregated_params``, from the router's PD mode).
     needs_bootstrap: bool = False
+    #: How the model takes images (``images.rules_of``), or None: images are refused.
+    images: ImageRules | None = None
 
 
 def dp_rank_of(request: pb.GenerateRequest | pb.EmbedRequest, limits: ModelLimits) -> int | None:
@@ -166,19 +169,13 @@ def sampling_params(
     }
 
 
-#: SGLang's CPU build runs none of its vision models here, so its image path is untested and not
-#: served: the worker advertises ``supports_vision=false`` and refuses pixel tensors with this.
-IMAGES_REFUSED = (
-    "images are not served by this SGLang worker (it advertises supports_vision=false); "
-    "send them to a vLLM worker"
-)
+#: Embed takes no images on this worker (SGLang's embedding models here are text models).
+EMBED_IMAGES_REFUSED = "mm_inputs: images are not served on Embed by this SGLang worker"
 
 
 def _check_generate(request: pb.GenerateRequest, limits: ModelLimits) -> None:
     if request.return_hidden_states:
         raise InvalidRequest("return_hidden_states is not served by this worker; ask without it")
-    if request.HasField("mm_inputs"):
-        raise InvalidRequest(IMAGES_REFUSED)
     if request.input_embeds:
         raise InvalidRequest("input_embeds are not served by this worker; send token ids")
     validate.logprob_count("logprobs", request.top_logprobs_num)
@@ -223,6 +220,11 @@ def generate_reqs(
         "bootstrap_host": disagg.bootstrap_host if disagg else None,
         "bootstrap_port": disagg.bootstrap_port if disagg and disagg.bootstrap_port else None,
         "bootstrap_room": disagg.bootstrap_room if disagg else None,
+        "mm_inputs": (
+            read_images(request.mm_inputs, ids, limits.images)
+            if request.HasField("mm_inputs")
+            else None
+        ),
     }
     rid = request.request_id
     if n == 1:
@@ -235,7 +237,7 @@ def embed_req(request: pb.EmbedRequest, limits: ModelLimits) -> ReqSpec:
     if request.is_cross_encoder or request.texts:
         raise InvalidRequest("cross-encoder scoring is not served by this worker")
     if request.HasField("mm_inputs"):
-        raise InvalidRequest(IMAGES_REFUSED)
+        raise InvalidRequest(EMBED_IMAGES_REFUSED)
     ids = prompt_ids(request.tokenized, limits)
     if request.token_type_ids and len(request.token_type_ids) != len(ids):
         raise InvalidRequest("token_type_ids must be as long as input_ids")

@@ -75,6 +75,9 @@ def server_keywords(
 
     wanted = servicer.model_facts(config, facts, {}).values()
     wanted.pop("model_path")
+    # The binding owns this lane's wire; its image path is not this package's and untested here,
+    # so the lane says it takes no images and the router sends it none (README: the lane table).
+    wanted["supports_vision"] = False
     wanted |= {
         "engine_count": 1,
         "tokenizer_dir": wanted["tokenizer_path"] or None,

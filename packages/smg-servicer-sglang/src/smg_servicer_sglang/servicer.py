@@ -110,6 +110,7 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             is_generation=bool(facts["is_generation"]),
             dp_size=max(int(getattr(manager, "dp_size", 1)), 1),
             needs_bootstrap=sg.needs_bootstrap(config),
+            images=facts.get("image_rules"),
         )
         #: The process watchdog's verdict (set by the launcher): a reason once a scheduler died.
         self.dead_reason: Callable[[], str | None] = lambda: None
@@ -542,7 +543,8 @@ def model_facts(
         preferred_sampling_params=preferred or "",
         weight_version=str(getattr(config, "weight_version", "") or "default"),
         served_model_name=str(config.served_model_name or config.model_path),
-        supports_vision=False,  # images are refused (convert.IMAGES_REFUSED)
+        # A vision model of a family whose image rules are known (images.FAMILIES).
+        supports_vision=facts.get("image_rules") is not None,
         model_type=str(facts["model_type"]),
         eos_token_ids=tuple(facts["eos_token_ids"]),
         pad_token_id=int(facts["pad_token_id"]),

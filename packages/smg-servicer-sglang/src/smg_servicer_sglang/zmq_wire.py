@@ -414,6 +414,24 @@ LORA_ON_PYTHON_LANE = (
 )
 
 
+#: Images on the router's ZMQ lane reach the scheduler unchecked (counts the forward pass fails
+#: on): the lane refuses them; the Python lane checks and serves them (issue #45).
+IMAGES_ON_PYTHON_LANE = (
+    "images are not served on the ZMQ lane: serve this model on the Python lane (gRPC) to send them"
+)
+
+
+def _python_lane_only(req: Any) -> str | None:
+    """Why ``req`` needs the Python lane, or None."""
+    if getattr(req, "mm_inputs", None) is not None:
+        return IMAGES_ON_PYTHON_LANE
+    if getattr(req, "lora_id", None):
+        # The scheduler takes a registered adapter id only (it asserts on another and dies);
+        # names, loads and in-use counts live in the tokenizer manager's role.
+        return f"lora_id {str(req.lora_id)[:128]!r}: {LORA_ON_PYTHON_LANE}"
+    return None
+
+
 class RequestSource:
     """The scheduler's request source on this lane: :meth:`drain` is what SGLang's request
     receiver calls each loop (every message waiting, never blocking, never raising). A request
@@ -452,11 +470,7 @@ class RequestSource:
             return str(exc) or type(exc).__name__
         if params.n != 1:
             return f"n={params.n}: the router fans out n > 1 itself"
-        if getattr(req, "lora_id", None):
-            # The scheduler takes a registered adapter id only (it asserts on another and dies);
-            # names, loads and in-use counts live in the tokenizer manager's role.
-            return f"lora_id {str(req.lora_id)[:128]!r}: {LORA_ON_PYTHON_LANE}"
-        return None
+        return _python_lane_only(req)
 
     def drain(self, limit: int) -> list[Any]:
         """Every request waiting (at most ``limit``; <0: no limit) as the scheduler's structs."""

@@ -1,0 +1,197 @@
+"""A tiny random Gemma3 vision-language model, written offline and deterministic for a seed: the
+vision family SGLang's CPU build serves here (its own Gemma3 model: a SigLIP tower, an average-pool
+projector, the Gemma3 text model; issue #45).
+
+One 56-pixel image becomes 14-pixel patches (16), pooled to ``mm_tokens_per_image`` 4 embeddings;
+in the prompt an image is ``<start_of_image>`` + 4 x ``<image_soft_token>`` + ``<end_of_image>``.
+Layout: the text model's byte-level BPE (:mod:`.tiny_model`, same seed) plus those three tokens
+(ids 4096-4098), ``config.json``, ``model.safetensors`` (float32; the tower's weights under the
+``vision_tower.vision_model.`` names the released checkpoints use), ``preprocessor_config.json``
+(Gemma3's image processor: resize to 56, rescale, normalise by 0.5) and ``processor_config.json``.
+The weights are transformers' own initialisation under ``torch.manual_seed(seed)``: this builder
+needs torch and transformers (the SGLang test environment has both).
+
+``python -m smg_servicer_core.testing.tiny_gemma3 OUT_DIR``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from smg_servicer_core.testing.tiny_model import TinyModelSpec, build_once, make_tiny_model
+
+BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+#: ChatML with an image part rendered as Gemma3's image anchor (the processor expands it).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or content['type'] == 'image_url' "
+    "or 'image' in content %}<start_of_image>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyGemma3Spec:
+    seed: int = 0
+    vocab: int = 4160
+    hidden: int = 64
+    layers: int = 2
+    image_size: int = 56
+    patch: int = 14
+    tokens_per_image: int = 4
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _tokenizer(out: Path, text_dir: Path) -> dict[str, int]:
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(text_dir / "tokenizer.json"))
+    tokenizer.add_special_tokens(  # pyright: ignore[reportUnknownMemberType]
+        [AddedToken(s, special=True, normalized=False) for s in (BOI, EOI, SOFT)]
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    ids: dict[str, int] = {}
+    for name in (BOI, EOI, SOFT):
+        token = tokenizer.token_to_id(name)
+        if token is None:
+            raise RuntimeError(f"special token {name} was not added")
+        ids[name] = token
+    config = json.loads((text_dir / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    # Gemma3's processor reads these three from its tokenizer.
+    config["extra_special_tokens"] = {"boi_token": BOI, "eoi_token": EOI, "image_token": SOFT}
+    config["chat_template"] = CHAT_TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copy(text_dir / "special_tokens_map.json", out / "special_tokens_map.json")
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return ids
+
+
+def _module(name: str) -> Any:
+    """An untyped import (torch, transformers and safetensors ship partial types)."""
+    return importlib.import_module(name)
+
+
+def _config(spec: TinyGemma3Spec, ids: dict[str, int]) -> Any:
+    head_dim = 32
+    text = {
+        "model_type": "gemma3_text",
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": 2 * spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.hidden // head_dim,
+        "num_key_value_heads": 1,
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": head_dim,
+        "sliding_window": 4096,  # wider than any prompt: every layer attends to all
+        "layer_types": ["full_attention"] * spec.layers,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "rope_local_base_freq": 10000.0,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+    }
+    vision = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": spec.image_size,
+        "patch_size": spec.patch,
+        "vision_use_head": False,
+    }
+    config = _module("transformers").Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=spec.tokens_per_image,
+        boi_token_index=ids[BOI],
+        eoi_token_index=ids[EOI],
+        image_token_index=ids[SOFT],
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    return config
+
+
+def make_tiny_gemma3(out_dir: str | Path, spec: TinyGemma3Spec | None = None) -> Path:
+    """Write the model to ``out_dir`` (created) and return it."""
+    torch, safetensors = _module("torch"), _module("safetensors.torch")
+    spec = spec or TinyGemma3Spec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text_dir = out / ".text-tokenizer"
+    make_tiny_model(text_dir, TinyModelSpec(seed=spec.seed))
+    try:
+        ids = _tokenizer(out, text_dir)
+    finally:
+        shutil.rmtree(text_dir, ignore_errors=True)
+    torch.manual_seed(spec.seed)
+    model = _module("transformers").Gemma3ForConditionalGeneration(_config(spec, ids))
+    model = model.to(torch.float32)
+    model.save_pretrained(str(out))
+    weights = out / "model.safetensors"
+    tensors = {
+        name.replace("vision_tower.", "vision_tower.vision_model.", 1): value.contiguous()
+        for name, value in safetensors.load_file(str(weights)).items()
+    }
+    safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
+    processor = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "do_pan_and_scan": False,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"height": spec.image_size, "width": spec.image_size},
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    (out / "processor_config.json").write_text(
+        json.dumps(
+            {"processor_class": "Gemma3Processor", "image_seq_length": spec.tokens_per_image}
+        )
+        + "\n"
+    )
+    return out
+
+
+def cached_tiny_gemma3(cache_root: str | Path, spec: TinyGemma3Spec | None = None) -> Path:
+    """The model for ``spec`` under ``cache_root``, built once (atomically) and reused."""
+    spec = spec or TinyGemma3Spec()
+    final = Path(cache_root) / f"tiny-gemma3-float32-{spec.fingerprint()}"
+    return build_once(final, lambda staging: make_tiny_gemma3(staging, spec))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m smg_servicer_core.testing.tiny_gemma3 OUT_DIR", file=sys.stderr)
+        return 2
+    print(make_tiny_gemma3(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Images on SGLang's wire (issue #45), engine-free: the router-preprocessed ``mm_inputs`` of a
+``GenerateRequest`` read and checked into :class:`Images`, which ``_sglang.build_generate`` turns
+into SGLang's own multimodal items (one ``MultimodalDataItem`` per image, its placeholder span as
+the item's offsets; the scheduler hashes each image into its pad values, as for SGLang's own
+processor's output).
+
+A model family is served when its rules are known here (:data:`FAMILIES`): how many positions one
+image fills, the token that fills them and the tokens around them. SGLang fills those positions
+with the image's embeddings in the forward pass and fails it on a count that does not match, so
+every count is checked before the scheduler sees the request: the number of images, each
+placeholder span (inside the prompt, in order, apart, of the family's length, only the image
+token, between the family's start and end tokens) and every image token of the prompt inside a
+span. SGLang's ``TensorData`` carries inline bytes only (no shared-memory payload on this wire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_core.tensors import RawTensor, read_tensor
+
+#: Images one request may carry when the server sets no ``--limit-mm-data-per-request``.
+MAX_IMAGES = 16
+#: The pixel dtypes a vision tower takes (SGLang casts them to the model's dtype).
+PIXEL_DTYPES = ("float32", "float16", "bfloat16")
+#: The model families whose image rules this module knows (``config.model_type``).
+FAMILIES = ("gemma3",)
+
+NOT_A_VISION_MODEL = (
+    "mm_inputs: this SGLang worker's model does not take images (GetModelInfo says "
+    "supports_vision=false)"
+)
+
+
+@dataclass(frozen=True)
+class ImageRules:
+    """How the served model takes images (from its config: :func:`rules_of`)."""
+
+    family: str
+    image_token_id: int
+    start_id: int  # the token before each image's span
+    end_id: int  # the token after it
+    tokens_per_image: int
+    image_size: int
+    max_images: int = MAX_IMAGES
+
+
+@dataclass(frozen=True)
+class Images:
+    """A request's checked images: ``pixel_values`` ``[N, 3, S, S]`` and one
+    ``(offset, length)`` span of the prompt per image."""
+
+    pixel_values: RawTensor
+    spans: tuple[tuple[int, int], ...]
+    rules: ImageRules
+
+    @property
+    def count(self) -> int:
+        return len(self.spans)
+
+
+def rules_of(hf_config: Any, limits: Mapping[str, int] | None) -> ImageRules | None:
+    """The rules of a served vision family, or None (images refused). ``limits``: SGLang's
+    ``--limit-mm-data-per-request``."""
+    family = str(getattr(hf_config, "model_type", "") or "")
+    if family != "gemma3":
+        return None
+    vision = hf_config.vision_config
+    cap = int((limits or {}).get("image", MAX_IMAGES))
+    return ImageRules(
+        family=family,
+        image_token_id=int(hf_config.image_token_index),
+        start_id=int(hf_config.boi_token_index),
+        end_id=int(hf_config.eoi_token_index),
+        tokens_per_image=int(hf_config.mm_tokens_per_image),
+        image_size=int(vision.image_size),
+        max_images=cap,
+    )
+
+
+def _pixel_count(raw: RawTensor, rules: ImageRules) -> int:
+    where = "mm_inputs.pixel_values"
+    if raw.dtype not in PIXEL_DTYPES:
+        raise InvalidRequest(f"{where}: dtype {raw.dtype} is not one of {', '.join(PIXEL_DTYPES)}")
+    size = rules.image_size
+    shape = raw.shape if len(raw.shape) == 4 else (1, *raw.shape)
+    if len(shape) != 4 or shape[1:] != (3, size, size):
+        raise InvalidRequest(
+            f"{where}: shape {list(raw.shape)} is not [images, 3, {size}, {size}] "
+            f"(this {rules.family} model's image size)"
+        )
+    count = shape[0]
+    if not 1 <= count <= rules.max_images:
+        raise InvalidRequest(f"{where}: {count} images; this worker takes 1 to {rules.max_images}")
+    return count
+
+
+def _spans(
+    placeholders: Sequence[Any], ids: Sequence[int], count: int, rules: ImageRules
+) -> tuple[tuple[int, int], ...]:
+    where = "mm_inputs.mm_placeholders"
+    if len(placeholders) != count:
+        raise InvalidRequest(f"{where}: {len(placeholders)} placeholders for {count} images")
+    spans: list[tuple[int, int]] = []
+    end = 0
+    for i, placeholder in enumerate(placeholders):
+        offset, length = int(placeholder.offset), int(placeholder.length)
+        name = f"{where}[{i}]"
+        if length != rules.tokens_per_image:
+            raise InvalidRequest(
+                f"{name}: length {length}; one image fills {rules.tokens_per_image} positions "
+                f"of this {rules.family} model"
+            )
+        if offset < end or offset < 1 or offset + length >= len(ids):
+            raise InvalidRequest(
+                f"{name}: offset {offset} is not inside the prompt after the span before it"
+            )
+        if any(ids[j] != rules.image_token_id for j in range(offset, offset + length)):
+            raise InvalidRequest(f"{name}: the span holds ids other than the image token")
+        if ids[offset - 1] != rules.start_id or ids[offset + length] != rules.end_id:
+            raise InvalidRequest(
+                f"{name}: the span is not between the image start and end tokens "
+                f"({rules.start_id}, {rules.end_id})"
+            )
+        spans.append((offset, length))
+        end = offset + length + 1
+    for token, what in ((rules.image_token_id, count * rules.tokens_per_image),
+                        (rules.start_id, count), (rules.end_id, count)):  # fmt: skip
+        if sum(1 for t in ids if t == token) != what:
+            raise InvalidRequest(
+                f"{where}: the prompt holds token {token} outside the placeholders' spans"
+            )
+    return tuple(spans)
+
+
+def read_images(mm: Any, ids: Sequence[int], rules: ImageRules | None) -> Images:
+    """``mm`` (a ``MultimodalInputs``) for the prompt ``ids``, checked; InvalidRequest naming the
+    field otherwise."""
+    if rules is None:
+        raise InvalidRequest(NOT_A_VISION_MODEL)
+    if mm.video_urls or mm.audio_urls or mm.video_data or mm.audio_data:
+        raise InvalidRequest("mm_inputs: video and audio are not served by this SGLang worker")
+    other = sorted(set(mm.modalities) - {"image"})
+    if other:
+        raise InvalidRequest(f"mm_inputs.modalities: {', '.join(other)[:64]} is not served")
+    if not mm.HasField("pixel_values"):
+        raise InvalidRequest(
+            "mm_inputs.pixel_values is required: this SGLang worker takes images the router "
+            "preprocessed (image_urls and image_data are not fetched or decoded here)"
+        )
+    if mm.model_specific_tensors:
+        name = sorted(mm.model_specific_tensors)[0][:64]
+        raise InvalidRequest(
+            f"mm_inputs.model_specific_tensors[{name!r}]: not taken by this {rules.family} model"
+        )
+    if mm.HasField("im_token_id") and mm.im_token_id != rules.image_token_id:
+        raise InvalidRequest(
+            f"mm_inputs.im_token_id {mm.im_token_id} is not this model's image token "
+            f"({rules.image_token_id})"
+        )
+    pixels = read_tensor(mm.pixel_values, "mm_inputs.pixel_values")
+    count = _pixel_count(pixels, rules)
+    return Images(pixels, _spans(mm.mm_placeholders, ids, count, rules), rules)
