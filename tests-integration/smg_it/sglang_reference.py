@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from smg_servicer_sglang.testing import ENGINE_KWARGS, LORA_ENGINE_KWARGS
 
@@ -22,11 +23,17 @@ MAX_TOKENS = 12
 TOP = 3
 EMBED_CASES = {"a": [1, 5, 9, 200, 31], "b": [42, 17, 99, 1024]}
 LORA_PROMPT = [1, 5, 9, 200, 31]
-#: name -> (prompt text, the seeds of its images' PNGs: ``media.png_image(56, 56, seed)``).
-IMAGE_CASES: dict[str, tuple[str, tuple[int, ...]]] = {
-    "one": ("What is in <start_of_image> this picture?", (1,)),
-    "other": ("What is in <start_of_image> this picture?", (2,)),
-    "two": ("Compare <start_of_image> and <start_of_image> please.", (1, 2)),
+#: The cases' pictures: name -> ``media.png_image(56, 56, ...)`` arguments (:func:`picture`).
+PICTURES: dict[str, dict[str, Any]] = {
+    "noise": {"seed": 1},
+    "white": {"color": (255, 255, 255)},
+    "red": {"color": (200, 20, 20)},
+}
+#: name -> (prompt text, its pictures in order).
+IMAGE_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "one": ("What is in <start_of_image> this picture?", ("noise",)),
+    "other": ("What is in <start_of_image> this picture?", ("white",)),
+    "two": ("Compare <start_of_image> and <start_of_image> please.", ("noise", "red")),
 }
 IMAGE_ENGINE_KWARGS = {"enable_multimodal": True, "image_processor_backend": "pil"}
 
@@ -63,15 +70,22 @@ def embeddings(engine: object) -> dict[str, list[float]]:
     return result
 
 
+def picture(name: str) -> bytes:
+    """The PNG of :data:`PICTURES` ``name``."""
+    from smg_servicer_core.testing.media import png_image
+
+    return png_image(56, 56, **PICTURES[name])
+
+
 def image_outputs(engine: object) -> dict[str, list[int]]:
     """Greedy ids of each of :data:`IMAGE_CASES`, the images as data URLs."""
-    from smg_servicer_core.testing.media import data_url, png_image
+    from smg_servicer_core.testing.media import data_url
 
     result = {}
-    for name, (prompt, seeds) in IMAGE_CASES.items():
+    for name, (prompt, pictures) in IMAGE_CASES.items():
         got = engine.generate(  # type: ignore[attr-defined]
             prompt=prompt,
-            image_data=[data_url(png_image(56, 56, seed)) for seed in seeds],
+            image_data=[data_url(picture(p)) for p in pictures],
             sampling_params={"temperature": 0, "max_new_tokens": MAX_TOKENS},
         )
         result[name] = got["output_ids"]

@@ -22,11 +22,11 @@ import pytest
 import pytest_asyncio
 
 from smg_it.paths import model_cache
-from smg_it.sglang_reference import IMAGE_CASES, MAX_TOKENS
+from smg_it.sglang_reference import IMAGE_CASES, MAX_TOKENS, picture
 from smg_it.sglang_suite import Server, run_reference, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
-from smg_servicer_core.testing.media import data_url, png_image
+from smg_servicer_core.testing.media import data_url
 from smg_servicer_core.testing.router import Router
 from smg_servicer_core.testing.tiny_gemma3 import cached_tiny_gemma3
 
@@ -59,7 +59,7 @@ async def stub(vision_server: Server) -> AsyncIterator[Any]:
         yield pb_grpc.SglangSchedulerStub(channel)
 
 
-def preprocessed(model: Path, prompt: str, seeds: tuple[int, ...]) -> tuple[list[int], Any]:
+def preprocessed(model: Path, prompt: str, pictures: tuple[str, ...]) -> tuple[list[int], Any]:
     """What a router with a Gemma3 spec would send: the expanded prompt ids and the
     ``MultimodalInputs`` (float32 pixel values, one span per image's soft tokens), from
     transformers' own Gemma3 processor."""
@@ -67,7 +67,7 @@ def preprocessed(model: Path, prompt: str, seeds: tuple[int, ...]) -> tuple[list
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(str(model), backend="pil")
-    images = [Image.open(io.BytesIO(png_image(56, 56, seed))) for seed in seeds]
+    images = [Image.open(io.BytesIO(picture(name))) for name in pictures]
     out = processor(text=prompt, images=images, return_tensors="np")
     ids = [int(t) for t in out["input_ids"][0]]
     pixels = out["pixel_values"].astype("float32")
@@ -108,8 +108,7 @@ async def test_the_worker_says_it_takes_images(stub: Any) -> None:
 async def test_greedy_ids_equal_sglangs_own_for_the_same_images(
     stub: Any, gemma3: Path, image_reference: dict[str, list[int]], name: str
 ) -> None:
-    prompt, seeds = IMAGE_CASES[name]
-    ids, mm = preprocessed(gemma3, prompt, seeds)
+    ids, mm = preprocessed(gemma3, *IMAGE_CASES[name])
     got = await greedy(stub, ids, mm, rid=f"img-{name}")
     assert got == image_reference[name]
     # The image decides the answer: without it (the prompt as text) the answer differs.
@@ -209,7 +208,7 @@ def test_the_router_has_no_gemma3_preprocessing_and_refuses_an_image_chat(
         "max_tokens": 4,
         "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": data_url(png_image(56, 56, 1))}},
+            {"type": "image_url", "image_url": {"url": data_url(picture("noise"))}},
         ]}],
     }  # fmt: skip
     with Router(f"grpc://{vision_server.address}", "--mm-processing", "router") as router:

@@ -22,10 +22,16 @@ from types import TracebackType
 from typing import Any
 
 
-def png_image(width: int = 40, height: int = 50, seed: int = 0) -> bytes:
-    """An 8-bit RGB PNG of pseudo-random pixels (the same bytes for the same arguments)."""
+def png_image(
+    width: int = 40, height: int = 50, seed: int = 0, color: tuple[int, int, int] | None = None
+) -> bytes:
+    """An 8-bit RGB PNG of pseudo-random pixels (the same bytes for the same arguments), or of
+    one ``color``."""
     rng = random.Random(seed)
-    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
+    if color is None:
+        rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
+    else:
+        rows = (b"\x00" + bytes(color) * width) * height
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return (
