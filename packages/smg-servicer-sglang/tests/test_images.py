@@ -143,7 +143,7 @@ def _too_many(mm: Any) -> None:
 #: name -> (what it does to the good request's ``MultimodalInputs``, or to its ids (``ids``),
 #: the text the error must hold).
 BAD: dict[str, tuple[Any, str]] = {
-    "dtype": (lambda mm: _set(mm.pixel_values, dtype="int64"), "pixel_values: dtype int64"),
+    "dtype": (lambda mm: _set(mm.pixel_values, dtype="int32"), "pixel_values: dtype int32"),
     "shape": (
         lambda mm: _set(mm.pixel_values, shape=[1, 3, 28, 112]),
         "mm_inputs.pixel_values: shape [1, 3, 28, 112]",
