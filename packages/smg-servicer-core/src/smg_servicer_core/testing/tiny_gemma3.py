@@ -2,7 +2,7 @@
 vision family SGLang's CPU build serves here (its own Gemma3 model: a SigLIP tower, an average-pool
 projector, the Gemma3 text model; issue #45).
 
-One 56-pixel image becomes 14-pixel patches (16; their embedding scaled so that pictures differ), pooled to ``mm_tokens_per_image`` 4 embeddings;
+One 56-pixel image becomes 14-pixel patches (16), pooled to ``mm_tokens_per_image`` 4 embeddings;
 in the prompt an image is ``<start_of_image>`` + 4 x ``<image_soft_token>`` + ``<end_of_image>``.
 Layout: the text model's byte-level BPE (:mod:`.tiny_model`, same seed) plus those three tokens
 (ids 4096-4098), ``config.json``, ``model.safetensors`` (float32; the tower's weights under the
@@ -50,10 +50,11 @@ class TinyGemma3Spec:
     image_size: int = 56
     patch: int = 14
     tokens_per_image: int = 4
-    #: The patch embedding's weights are scaled up from transformers' initialisation (std 0.02),
-    #: under which the tower's output is its position embeddings whatever the picture: with
-    #: this, different pictures get different answers.
-    patch_scale: float = 50.0
+    #: Transformers initialises the projector's weight to zeros (every picture's embeddings
+    #: zero) and the patch embedding small (the tower's output is its position embeddings
+    #: whatever the picture): both are drawn again, normal(0, std), so that pictures differ.
+    projector_std: float = 0.05
+    patch_std: float = 0.5
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -157,8 +158,12 @@ def make_tiny_gemma3(out_dir: str | Path, spec: TinyGemma3Spec | None = None) ->
         name.replace("vision_tower.", "vision_tower.vision_model.", 1): value.contiguous()
         for name, value in safetensors.load_file(str(weights)).items()
     }
-    patch = "vision_tower.vision_model.embeddings.patch_embedding.weight"
-    tensors[patch] = (tensors[patch] * spec.patch_scale).contiguous()
+    draw = torch.Generator().manual_seed(spec.seed)
+    for name, std in (
+        ("multi_modal_projector.mm_input_projection_weight", spec.projector_std),
+        ("vision_tower.vision_model.embeddings.patch_embedding.weight", spec.patch_std),
+    ):
+        tensors[name] = torch.randn(tensors[name].shape, generator=draw) * std
     safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
     processor = {
         "image_processor_type": "Gemma3ImageProcessor",
