@@ -182,7 +182,7 @@ async def info_mismatches(
         "served_model_name": str(model),  # none given: SGLang names it by its path
         "max_context_length": 1024,  # --context-length (the model's own is 2,048)
         "vocab_size": hf.vocab_size,
-        "supports_vision": UNSET,  # images are refused on SGLang (issue #45)
+        "supports_vision": UNSET,  # a text model (test_images: a vision model says true)
         "model_type": hf.model_type,
         "eos_token_ids": sorted([eos] if isinstance(eos, int) else eos),
         "pad_token_id": hf.pad_token_id or UNSET,

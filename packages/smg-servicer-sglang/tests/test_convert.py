@@ -193,13 +193,15 @@ def test_disaggregation_and_routing_fields() -> None:
     assert plain.routed_dp_rank is None  # type: ignore[attr-defined]
 
 
-def test_images_are_refused_with_a_message_that_says_so() -> None:
+def test_images_to_a_text_model_or_on_embed_are_refused_with_a_message_that_says_so() -> None:
+    """A model that takes no images (no image rules: ``images.rules_of``) refuses them on
+    Generate; Embed takes none on any model (test_images: a vision model serves Generate's)."""
     image = gen()
     image.mm_inputs.pixel_values.data = b"\x00" * 12
-    for request in (image, pb.EmbedRequest(request_id="e", mm_inputs=image.mm_inputs)):
-        request.tokenized.input_ids.extend([1, 2])
-        with pytest.raises(InvalidRequest, match="images are not served by this SGLang worker"):
-            if isinstance(request, pb.EmbedRequest):
-                convert.embed_req(request, LIMITS)
-            else:
-                convert.generate_reqs(request, LIMITS)
+    image.tokenized.input_ids.extend([1, 2])
+    with pytest.raises(InvalidRequest, match="model does not take images"):
+        convert.generate_reqs(image, LIMITS)
+    embed = pb.EmbedRequest(request_id="e", mm_inputs=image.mm_inputs)
+    embed.tokenized.input_ids.extend([1, 2])
+    with pytest.raises(InvalidRequest, match="images are not served on Embed"):
+        convert.embed_req(embed, LIMITS)

@@ -280,7 +280,7 @@ async def test_health_and_info(stub: Any, sglang_server: Server) -> None:
     assert info.max_context_length == 1024  # the context, not the KV pool (65,536)
     assert info.vocab_size == VOCAB
     assert info.is_generation
-    assert not info.supports_vision  # images are refused (test_bad_input_is_invalid_argument)
+    assert not info.supports_vision  # a text model: images refused (test_bad_input_is_invalid...)
     assert info.tokenizer_path
     server = await stub.GetServerInfo(pb.GetServerInfoRequest())
     assert server.server_type == "grpc"

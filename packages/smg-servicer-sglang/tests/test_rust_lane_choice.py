@@ -97,3 +97,25 @@ def test_the_installed_binding_takes_every_fact_we_report(
     assert keywords["served_model_name"] == "served" and keywords["vocab_size"] == 4096
     assert keywords["max_context_length"] == 1024 and keywords["max_running_requests"] == 8
     assert keywords["server_args_json"] == '{"context_length": 1024}'
+    assert keywords["supports_vision"] is False
+
+
+def test_the_rust_lane_says_it_takes_no_images_even_for_a_vision_model() -> None:
+    """The binding's image path is untested here: the lane reports no vision whatever the model
+    (the Python lane reports it from the model: test_images)."""
+    from smg_servicer_sglang.images import ImageRules
+
+    config = SimpleNamespace(
+        model_path="/m", tokenizer_path="/m", preferred_sampling_params=None,
+        weight_version=None, served_model_name="m", max_running_requests=8, context_length=1024,
+    )  # fmt: skip
+    rules = ImageRules("gemma3", 4098, 4096, 4097, 4, 56)
+    facts = {
+        "vocab_size": 4160, "context_length": 1024, "is_generation": True,
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "eos_token_ids": [2], "pad_token_id": 3, "bos_token_id": 0, "num_labels": 0,
+        "id2label": {}, "image_rules": rules,
+    }  # fmt: skip
+    server_args = SimpleNamespace(__struct_fields__=("context_length",))
+    keywords = rust_lane.server_keywords(server_args, config, facts, frozenset({"supports_vision"}))
+    assert keywords == {"supports_vision": False}

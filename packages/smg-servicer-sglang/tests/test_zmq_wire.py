@@ -174,6 +174,16 @@ def test_a_request_naming_an_adapter_is_refused_for_the_python_lane() -> None:
     assert "'my-adapter'" in why and "Python gRPC lane" in why
 
 
+def test_a_request_with_images_is_refused_for_the_python_lane() -> None:
+    """The Python lane checks every image count the forward pass fails on; this lane hands the
+    scheduler the router's struct as it is, so it refuses ``mm_inputs`` (issue #45)."""
+    source, _ = _source()
+    [req] = source._decode([zmq_wire.ADD, msgspec.msgpack.encode(ROUTER_ADD)])
+    req.mm_inputs = {"mm_items": []}
+    assert source.refusal(req) == zmq_wire.IMAGES_ON_PYTHON_LANE
+    assert "Python lane" in zmq_wire.IMAGES_ON_PYTHON_LANE
+
+
 def test_a_drain_refuses_new_requests_with_503() -> None:
     source, out = _source()
     source.draining = True
