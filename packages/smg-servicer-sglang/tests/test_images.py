@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,8 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from smg_it.paths import model_cache
 from smg_it.sglang_reference import IMAGE_CASES, MAX_TOKENS, picture
@@ -195,6 +198,73 @@ async def test_bad_images_are_invalid_argument_naming_the_field(stub: Any, gemma
         assert health.healthy, (how, health.message)
     # and the worker still serves the good request as before
     assert await greedy(stub, ids, mm, rid="after-bad") == await greedy(stub, ids, mm, rid="ok")
+
+
+EXAMPLES = int(os.environ.get("SMG_FUZZ_IMAGE_EXAMPLES", "40"))
+SEED = int(os.environ.get("SMG_FUZZ_SEED", "20261202"))
+SUPPRESSED = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "complex64", "")
+
+
+def test_fuzzed_image_requests_get_a_client_fault_or_an_answer_and_the_engine_lives(
+    vision_server: Server, gemma3: Path, image_reference: dict[str, list[int]]
+) -> None:
+    """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_IMAGE_EXAMPLES`` draws): up to three of :data:`BAD`'s
+    faults together, a drawn span, shape or dtype; each answer is served or a client fault, the
+    worker healthy after it, and the reference request's answer unchanged at the end."""
+    ids, mm = preprocessed(gemma3, *IMAGE_CASES["one"])
+    channel = grpc.insecure_channel(vision_server.address)
+    stub = pb_grpc.SglangSchedulerStub(channel)
+    seen: dict[str, int] = {}
+
+    def send(request_ids: list[int], inputs: Any, rid: str) -> tuple[grpc.StatusCode, list[int]]:
+        request = pb.GenerateRequest(
+            request_id=rid,
+            tokenized=pb.TokenizedInput(input_ids=request_ids),
+            mm_inputs=inputs,
+            sampling_params=pb.SamplingParams(temperature=0, max_new_tokens=MAX_TOKENS),
+        )
+        try:
+            replies = list(stub.Generate(request, timeout=60))
+        except grpc.RpcError as err:
+            return err.code(), []  # pyright: ignore[reportAttributeAccessIssue]
+        return grpc.StatusCode.OK, list(replies[-1].complete.output_ids)
+
+    @seed(SEED)
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=SUPPRESSED)
+    @given(
+        faults=st.lists(st.sampled_from(sorted(BAD)), max_size=3, unique=True),
+        span=st.none() | st.tuples(st.integers(0, len(ids) + 4), st.integers(0, 9)),
+        shape=st.none() | st.lists(st.integers(0, 64), max_size=5),
+        dtype=st.none() | st.sampled_from(DTYPES),
+    )
+    def check(faults: list[str], span: Any, shape: Any, dtype: Any) -> None:
+        bad, bad_ids = pb.MultimodalInputs(), list(ids)
+        bad.CopyFrom(mm)
+        for fault in faults:
+            change = BAD[fault][0]
+            if change == "ids":
+                bad_ids.append(mm.im_token_id)
+            else:
+                change(bad)
+        if span is not None and bad.mm_placeholders:
+            _set(bad.mm_placeholders[0], offset=span[0], length=span[1])
+        if shape is not None and bad.HasField("pixel_values"):
+            _set(bad.pixel_values, shape=shape)
+        if dtype is not None and bad.HasField("pixel_values"):
+            _set(bad.pixel_values, dtype=dtype)
+        code, _ = send(bad_ids, bad, f"fuzz-{len(seen)}")
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), (faults, code)
+        seen[code.name] = seen.get(code.name, 0) + 1
+        health = stub.HealthCheck(pb.HealthCheckRequest(), timeout=30)
+        assert health.healthy, (faults, span, shape, dtype, health.message)
+
+    try:
+        check()
+        assert seen.get("INVALID_ARGUMENT", 0) > EXAMPLES // 2, seen
+        assert send(ids, mm, "fuzz-after") == (grpc.StatusCode.OK, image_reference["one"])
+    finally:
+        channel.close()
 
 
 def test_the_router_has_no_gemma3_preprocessing_and_refuses_an_image_chat(
