@@ -8,6 +8,7 @@ no preprocessing spec for Gemma3, refuses an image chat with ``--mm-processing r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -245,8 +246,9 @@ def test_fuzzed_image_requests_get_a_client_fault_or_an_answer_and_the_engine_li
             change = BAD[fault][0]
             if change == "ids":
                 bad_ids.append(mm.im_token_id)
-            elif bad.mm_placeholders or not fault.startswith("span"):  # a span to change
-                change(bad)
+            else:  # a fault that needs what an earlier one removed is left out
+                with contextlib.suppress(IndexError):
+                    change(bad)
         if span is not None and bad.mm_placeholders:
             _set(bad.mm_placeholders[0], offset=span[0], length=span[1])
         if shape is not None and bad.HasField("pixel_values"):
