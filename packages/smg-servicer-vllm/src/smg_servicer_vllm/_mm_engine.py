@@ -353,6 +353,13 @@ class GuardedConnection(HTTPConnection):
         )
 
 
+def mm_data(data: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """The fetched media (a list per modality) as vLLM's ``multi_modal_data``: a lone image bare,
+    everything else a list. A lone video is a ``(frames, metadata)`` pair in vLLM's
+    ``MediaWithBytes`` wrapper, which vLLM's parser would take apart as a list of items."""
+    return {m: v[0] if len(v) == 1 and m == "image" else list(v) for m, v in data.items()}
+
+
 class InprocessProcessor:
     """Media refs fetched and processed inside the worker (``--mm-processor inprocess``)."""
 
@@ -464,10 +471,7 @@ class InprocessProcessor:
 
     async def process(self, ids: list[int], data: Mapping[str, list[Any]], text: str) -> Any:
         """vLLM's renderer expands the anchors and runs the processor: the engine input."""
-        prompt: dict[str, Any] = {
-            "prompt_token_ids": ids,
-            "multi_modal_data": {m: v[0] if len(v) == 1 else v for m, v in data.items()},
-        }
+        prompt: dict[str, Any] = {"prompt_token_ids": ids, "multi_modal_data": mm_data(data)}
         if text:
             prompt["prompt"] = text
         try:
