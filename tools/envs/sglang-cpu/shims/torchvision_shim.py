@@ -4,8 +4,11 @@ Why: SGLang 0.5.23 imports torchvision at module level (``sglang.srt.configs`` â
 ``nano_nemotron_vl`` â†’ ``multimodal/internvl_utils``) even for text-only models. PyPI's torchvision
 cannot load next to torch+cpu, and installing it replaces torch with the CUDA build (+3.5 GB).
 This finder serves ``torchvision`` and its submodules as empty modules whose attributes are inert
-placeholders. It installs no distribution metadata, so transformers still reports torchvision as
-unavailable and never takes a vision path. Calling anything from it raises.
+placeholders. Calling anything from it raises. transformers 5.19 finds the module (its check is
+``find_spec``) and reports torchvision available, so where nothing asks for PIL it picks an image
+processor's torchvision backend, whose calls raise here: the image tests ask SGLang for the PIL
+backend (``image_processor_backend="pil"``, ``smg_it.sglang_reference``) and transformers for it
+(``backend="pil"``, ``test_images.py``).
 
 When it stops being needed: once SGLang imports torchvision lazily, or a CPU build of torchvision
 matching the test torch resolves from the indexes we use. Installed by ``install.sh`` through a
