@@ -34,7 +34,10 @@ from smg_servicer_core.testing.media import data_url
 from smg_servicer_core.testing.router import Router
 from smg_servicer_core.testing.tiny_gemma3 import cached_tiny_gemma3
 
-pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.engine
+#: The async tests share the session's loop (the stub fixture's); the fuzz and the router test
+#: are plain functions.
+on_session_loop = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +106,13 @@ async def greedy(stub: Any, ids: list[int], mm: Any = None, rid: str = "img") ->
     return list(replies[-1].complete.output_ids)
 
 
+@on_session_loop
 async def test_the_worker_says_it_takes_images(stub: Any) -> None:
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.supports_vision
 
 
+@on_session_loop
 @pytest.mark.parametrize("name", sorted(IMAGE_CASES))
 async def test_greedy_ids_equal_sglangs_own_for_the_same_images(
     stub: Any, gemma3: Path, image_reference: dict[str, list[int]], name: str
@@ -120,6 +125,7 @@ async def test_greedy_ids_equal_sglangs_own_for_the_same_images(
     assert await greedy(stub, text, rid=f"text-{name}") != got
 
 
+@on_session_loop
 async def test_two_pictures_with_the_same_prompt_get_their_own_answers(
     stub: Any, gemma3: Path, image_reference: dict[str, list[int]]
 ) -> None:
@@ -182,6 +188,7 @@ BAD: dict[str, tuple[Any, str]] = {
 }
 
 
+@on_session_loop
 async def test_bad_images_are_invalid_argument_naming_the_field(stub: Any, gemma3: Path) -> None:
     ids, mm = preprocessed(gemma3, *IMAGE_CASES["one"])
     for how, (change, text) in BAD.items():
