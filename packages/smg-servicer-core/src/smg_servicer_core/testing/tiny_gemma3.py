@@ -17,15 +17,14 @@ needs torch and transformers (the SGLang test environment has both).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.testing.tiny_model import TinyModelSpec, build_once, make_tiny_model
+from smg_servicer_core.testing.hf_vlm import media_tokenizer, save_weights, untyped
+from smg_servicer_core.testing.tiny_model import build_once
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 #: ChatML with an image part rendered as Gemma3's image anchor (the processor expands it).
@@ -60,36 +59,6 @@ class TinyGemma3Spec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _tokenizer(out: Path, text_dir: Path) -> dict[str, int]:
-    from tokenizers import AddedToken, Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(text_dir / "tokenizer.json"))
-    tokenizer.add_special_tokens(  # pyright: ignore[reportUnknownMemberType]
-        [AddedToken(s, special=True, normalized=False) for s in (BOI, EOI, SOFT)]
-    )
-    tokenizer.save(str(out / "tokenizer.json"))
-    ids: dict[str, int] = {}
-    for name in (BOI, EOI, SOFT):
-        token = tokenizer.token_to_id(name)
-        if token is None:
-            raise RuntimeError(f"special token {name} was not added")
-        ids[name] = token
-    config = json.loads((text_dir / "tokenizer_config.json").read_text())
-    config.pop("added_tokens_decoder", None)
-    # Gemma3's processor reads these three from its tokenizer.
-    config["extra_special_tokens"] = {"boi_token": BOI, "eoi_token": EOI, "image_token": SOFT}
-    config["chat_template"] = CHAT_TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shutil.copy(text_dir / "special_tokens_map.json", out / "special_tokens_map.json")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    return ids
-
-
-def _module(name: str) -> Any:
-    """An untyped import (torch, transformers and safetensors ship partial types)."""
-    return importlib.import_module(name)
-
-
 def _config(spec: TinyGemma3Spec, ids: dict[str, int]) -> Any:
     head_dim = 32
     text = {
@@ -121,7 +90,7 @@ def _config(spec: TinyGemma3Spec, ids: dict[str, int]) -> Any:
         "patch_size": spec.patch,
         "vision_use_head": False,
     }
-    config = _module("transformers").Gemma3Config(
+    config = untyped("transformers").Gemma3Config(
         text_config=text,
         vision_config=vision,
         mm_tokens_per_image=spec.tokens_per_image,
@@ -139,32 +108,20 @@ def _config(spec: TinyGemma3Spec, ids: dict[str, int]) -> Any:
 
 def make_tiny_gemma3(out_dir: str | Path, spec: TinyGemma3Spec | None = None) -> Path:
     """Write the model to ``out_dir`` (created) and return it."""
-    torch, safetensors = _module("torch"), _module("safetensors.torch")
+    torch = untyped("torch")
     spec = spec or TinyGemma3Spec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text_dir = out / ".text-tokenizer"
-    make_tiny_model(text_dir, TinyModelSpec(seed=spec.seed))
-    try:
-        ids = _tokenizer(out, text_dir)
-    finally:
-        shutil.rmtree(text_dir, ignore_errors=True)
+    # Gemma3's processor reads the three tokens from its tokenizer's extra special tokens.
+    extra = {"boi_token": BOI, "eoi_token": EOI, "image_token": SOFT}
+    ids = media_tokenizer(out, spec.seed, (BOI, EOI, SOFT), CHAT_TEMPLATE, extra)
     torch.manual_seed(spec.seed)
-    model = _module("transformers").Gemma3ForConditionalGeneration(_config(spec, ids))
-    model = model.to(torch.float32)
-    model.save_pretrained(str(out))
-    weights = out / "model.safetensors"
-    tensors = {
-        name.replace("vision_tower.", "vision_tower.vision_model.", 1): value.contiguous()
-        for name, value in safetensors.load_file(str(weights)).items()
+    model = untyped("transformers").Gemma3ForConditionalGeneration(_config(spec, ids))
+    redraw = {
+        "multi_modal_projector.mm_input_projection_weight": spec.projector_std,
+        "vision_tower.vision_model.embeddings.patch_embedding.weight": spec.patch_std,
     }
-    draw = torch.Generator().manual_seed(spec.seed)
-    for name, std in (
-        ("multi_modal_projector.mm_input_projection_weight", spec.projector_std),
-        ("vision_tower.vision_model.embeddings.patch_embedding.weight", spec.patch_std),
-    ):
-        tensors[name] = torch.randn(tensors[name].shape, generator=draw) * std
-    safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
+    save_weights(model, out, redraw, spec.seed)
     processor = {
         "image_processor_type": "Gemma3ImageProcessor",
         "do_convert_rgb": True,

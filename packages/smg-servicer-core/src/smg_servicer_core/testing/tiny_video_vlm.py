@@ -18,15 +18,14 @@ normal(0, 0.05) so that frames move the answer: needs torch and transformers.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.testing.tiny_model import TinyModelSpec, build_once, make_tiny_model
+from smg_servicer_core.testing.hf_vlm import media_tokenizer, save_weights, untyped
+from smg_servicer_core.testing.tiny_model import build_once
 
 IMAGE, VIDEO = "<image>", "<video>"
 CHAT_TEMPLATE = (
@@ -58,37 +57,8 @@ class TinyVideoVlmSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _module(name: str) -> Any:
-    """An untyped import (torch, transformers and safetensors ship partial types)."""
-    return importlib.import_module(name)
-
-
 def _dump(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def _tokenizer(out: Path, text_dir: Path) -> dict[str, int]:
-    from tokenizers import AddedToken, Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(text_dir / "tokenizer.json"))
-    tokenizer.add_special_tokens(  # pyright: ignore[reportUnknownMemberType]
-        [AddedToken(s, special=True, normalized=False) for s in (IMAGE, VIDEO)]
-    )
-    tokenizer.save(str(out / "tokenizer.json"))
-    ids: dict[str, int] = {}
-    for name in (IMAGE, VIDEO):
-        token = tokenizer.token_to_id(name)
-        if token is None:
-            raise RuntimeError(f"special token {name} was not added")
-        ids[name] = token
-    config = json.loads((text_dir / "tokenizer_config.json").read_text())
-    config.pop("added_tokens_decoder", None)
-    config["chat_template"] = CHAT_TEMPLATE
-    config["extra_special_tokens"] = {}
-    _dump(out / "tokenizer_config.json", config)
-    shutil.copy(text_dir / "special_tokens_map.json", out / "special_tokens_map.json")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    return ids
 
 
 def _config(spec: TinyVideoVlmSpec, ids: dict[str, int]) -> dict[str, Any]:
@@ -143,37 +113,21 @@ def _processor_files(out: Path, spec: TinyVideoVlmSpec) -> None:
 
 def make_tiny_video_vlm(out_dir: str | Path, spec: TinyVideoVlmSpec | None = None) -> Path:
     """Write the model to ``out_dir`` (created) and return it."""
-    torch, safetensors = _module("torch"), _module("safetensors.torch")
-    transformers = _module("transformers")
+    torch, transformers = untyped("torch"), untyped("transformers")
     spec = spec or TinyVideoVlmSpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text_dir = out / ".text-tokenizer"
-    make_tiny_model(text_dir, TinyModelSpec(seed=spec.seed))
-    try:
-        ids = _tokenizer(out, text_dir)
-    finally:
-        shutil.rmtree(text_dir, ignore_errors=True)
+    ids = media_tokenizer(out, spec.seed, (IMAGE, VIDEO), CHAT_TEMPLATE)
     _dump(out / "config.json", _config(spec, ids))
     _processor_files(out, spec)
     config = transformers.AutoConfig.from_pretrained(str(out))
     torch.manual_seed(spec.seed)
-    model = transformers.LlavaNextVideoForConditionalGeneration(config).to(torch.float32)
+    model = transformers.LlavaNextVideoForConditionalGeneration(config)
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() > 1:
                 parameter.normal_(0.0, spec.std)
-    model.save_pretrained(str(out))
-    weights = out / "model.safetensors"
-    tensors = {
-        (
-            name.replace("vision_tower.", "vision_tower.vision_model.", 1)
-            if name.startswith("vision_tower.") and ".vision_model." not in name
-            else name
-        ): value.contiguous()
-        for name, value in safetensors.load_file(str(weights)).items()
-    }
-    safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
+    save_weights(model, out, {}, spec.seed)
     _dump(out / "config.json", _config(spec, ids))  # save_pretrained rewrote it
     return out
 

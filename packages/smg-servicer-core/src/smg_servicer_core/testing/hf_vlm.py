@@ -1,0 +1,77 @@
+"""What the tiny vision models built with transformers share (:mod:`.tiny_gemma3`,
+:mod:`.tiny_video_vlm`): the text model's tokenizer with the model's media tokens added, and
+transformers' saved weights renamed to the vision-tower names the released checkpoints use.
+Needs tokenizers; :func:`save_weights` needs torch, transformers and safetensors."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from smg_servicer_core.testing.tiny_model import TinyModelSpec, make_tiny_model
+
+
+def untyped(name: str) -> Any:
+    """An untyped import (torch, transformers and safetensors ship partial types)."""
+    return importlib.import_module(name)
+
+
+def media_tokenizer(
+    out: Path,
+    seed: int,
+    specials: tuple[str, ...],
+    chat_template: str,
+    extra_special_tokens: dict[str, str] | None = None,
+) -> dict[str, int]:
+    """The tiny text model's tokenizer (same seed) with ``specials`` added and ``chat_template``,
+    written to ``out``; the specials' ids."""
+    from tokenizers import AddedToken, Tokenizer
+
+    text_dir = out / ".text-tokenizer"
+    make_tiny_model(text_dir, TinyModelSpec(seed=seed))
+    try:
+        tokenizer = Tokenizer.from_file(str(text_dir / "tokenizer.json"))
+        tokenizer.add_special_tokens(  # pyright: ignore[reportUnknownMemberType]
+            [AddedToken(s, special=True, normalized=False) for s in specials]
+        )
+        tokenizer.save(str(out / "tokenizer.json"))
+        ids: dict[str, int] = {}
+        for name in specials:
+            token = tokenizer.token_to_id(name)
+            if token is None:
+                raise RuntimeError(f"special token {name} was not added")
+            ids[name] = token
+        config = json.loads((text_dir / "tokenizer_config.json").read_text())
+        config.pop("added_tokens_decoder", None)
+        config["chat_template"] = chat_template
+        config["extra_special_tokens"] = extra_special_tokens or {}
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        shutil.copy(text_dir / "special_tokens_map.json", out / "special_tokens_map.json")
+    finally:
+        shutil.rmtree(text_dir, ignore_errors=True)
+    (out / "chat_template.jinja").write_text(chat_template)
+    return ids
+
+
+def save_weights(model: Any, out: Path, redraw: dict[str, float], seed: int) -> None:
+    """``model`` (transformers) saved to ``out`` as float32 safetensors, its vision tower under
+    ``vision_tower.vision_model.`` (transformers 5 drops ``vision_model.``; SGLang's and vLLM's
+    loaders want it), each tensor named in ``redraw`` drawn again normal(0, std) (seeded)."""
+    torch, safetensors = untyped("torch"), untyped("safetensors.torch")
+    model.to(torch.float32).save_pretrained(str(out))
+    weights = out / "model.safetensors"
+    tensors = {
+        (
+            name.replace("vision_tower.", "vision_tower.vision_model.", 1)
+            if name.startswith("vision_tower.") and ".vision_model." not in name
+            else name
+        ): value.contiguous()
+        for name, value in safetensors.load_file(str(weights)).items()
+    }
+    draw = torch.Generator().manual_seed(seed)
+    for name, std in redraw.items():
+        tensors[name] = torch.randn(tensors[name].shape, generator=draw) * std
+    safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
