@@ -6,8 +6,9 @@ processor's output).
 
 A model family is served when its rules are known here (:data:`FAMILIES`): how many positions one
 image fills, the token that fills them and the tokens around them. SGLang fills those positions
-with the image's embeddings in the forward pass and fails it on a count that does not match, so
-every count is checked before the scheduler sees the request: the number of images, each
+with the image's embeddings in the forward pass, and a count that does not match truncates
+embeddings, misplaces them or fails the pass, so every count is checked before the scheduler sees
+the request: the number of images, each
 placeholder span (inside the prompt, in order, apart, of the family's length, only the image
 token, between the family's start and end tokens) and every image token of the prompt inside a
 span. SGLang's ``TensorData`` carries inline bytes only (no shared-memory payload on this wire).
@@ -66,7 +67,7 @@ def rules_of(hf_config: Any, limits: Mapping[str, int] | None) -> ImageRules | N
     """The rules of a served vision family, or None (images refused). ``limits``: SGLang's
     ``--limit-mm-data-per-request``."""
     family = str(getattr(hf_config, "model_type", "") or "")
-    if family != "gemma3":
+    if family not in FAMILIES:
         return None
     vision = hf_config.vision_config
     cap = int((limits or {}).get("image", MAX_IMAGES))
