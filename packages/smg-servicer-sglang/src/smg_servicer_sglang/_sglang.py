@@ -165,9 +165,6 @@ def _wire_fields(spec: ReqSpec) -> dict[str, Any]:
     return {**spec.fields, "input_ids": array("q", spec.fields["input_ids"])}
 
 
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
 def mm_output(images: Images | None) -> Any:
     """SGLang's ``MultimodalProcessorOutput`` for checked images: one image item per image
     (its pixels, its placeholder span as inclusive offsets), the family's image, start and end
@@ -177,7 +174,8 @@ def mm_output(images: Images | None) -> Any:
     import torch  # noqa: PLC0415 - SGLang's own dependency
 
     raw = images.pixel_values
-    pixels = torch.frombuffer(bytearray(raw.data), dtype=getattr(torch, _TORCH_DTYPES[raw.dtype]))
+    # images.PIXEL_DTYPES are torch's own names.
+    pixels = torch.frombuffer(bytearray(raw.data), dtype=getattr(torch, raw.dtype))
     pixels = pixels.reshape(images.count, 3, *raw.shape[-2:])
     rules = images.rules
     items = [

@@ -1,5 +1,6 @@
-"""What the tiny vision models built with transformers share (:mod:`.tiny_gemma3`,
-:mod:`.tiny_video_vlm`): the text model's tokenizer with the model's media tokens added, and
+"""What the tiny vision models share (:mod:`.tiny_vlm`, :mod:`.tiny_gemma3`,
+:mod:`.tiny_video_vlm`): the text model's tokenizer with the model's media tokens added, a ChatML
+template that renders an image part as the model's anchor, and (the two built with transformers)
 transformers' saved weights renamed to the vision-tower names the released checkpoints use.
 Needs tokenizers; :func:`save_weights` needs torch, transformers and safetensors."""
 
@@ -17,6 +18,20 @@ from smg_servicer_core.testing.tiny_model import TinyModelSpec, make_tiny_model
 def untyped(name: str) -> Any:
     """An untyped import (torch, transformers and safetensors ship partial types)."""
     return importlib.import_module(name)
+
+
+def chatml_template(image_anchor: str) -> str:
+    """ChatML whose image parts (``image``, ``image_url``) render as ``image_anchor``."""
+    return (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' or content['type'] == 'image_url' "
+        f"or 'image' in content %}}{image_anchor}"
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
 
 
 def media_tokenizer(

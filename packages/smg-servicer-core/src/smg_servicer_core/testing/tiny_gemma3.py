@@ -23,21 +23,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.testing.hf_vlm import media_tokenizer, save_weights, untyped
+from smg_servicer_core.testing.hf_vlm import (
+    chatml_template,
+    media_tokenizer,
+    save_weights,
+    untyped,
+)
 from smg_servicer_core.testing.tiny_model import build_once
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 #: ChatML with an image part rendered as Gemma3's image anchor (the processor expands it).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or content['type'] == 'image_url' "
-    "or 'image' in content %}<start_of_image>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = chatml_template(BOI)
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from smg_servicer_core.testing.hf_vlm import chatml_template, media_tokenizer
 from smg_servicer_core.testing.tiny_model import (
-    TinyModelSpec,
     build_once,
-    make_tiny_model,
     write_safetensors,
 )
 
@@ -42,16 +40,7 @@ SPECIALS: tuple[str, ...] = (
     "<global-img>",
     *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
 )
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or content['type'] == 'image_url' "
-    "or 'image' in content %}<image>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = chatml_template("<image>")
 
 
 @dataclass(frozen=True)
@@ -84,29 +73,10 @@ class TinyVlmSpec:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _tokenizer(out: Path, spec: TinyVlmSpec, text_dir: Path) -> dict[str, int]:
-    from tokenizers import AddedToken, Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(text_dir / "tokenizer.json"))
-    tokenizer.add_special_tokens(  # pyright: ignore[reportUnknownMemberType]
-        [AddedToken(s, special=True, normalized=False) for s in SPECIALS]
-    )
-    tokenizer.save(str(out / "tokenizer.json"))
-    ids: dict[str, int] = {}
-    for name in SPECIALS:
-        token = tokenizer.token_to_id(name)
-        if token is None or token >= spec.vocab:
-            raise RuntimeError(f"special token {name} does not fit the vocabulary")
-        ids[name] = token
-    if len(set(ids.values())) != len(SPECIALS):
+def _tokenizer(out: Path, spec: TinyVlmSpec) -> dict[str, int]:
+    ids = media_tokenizer(out, spec.seed, SPECIALS, CHAT_TEMPLATE)
+    if max(ids.values()) >= spec.vocab or len(set(ids.values())) != len(SPECIALS):
         raise RuntimeError("the special tokens do not fit the vocabulary")
-    config = json.loads((text_dir / "tokenizer_config.json").read_text())
-    config.pop("added_tokens_decoder", None)
-    config["chat_template"] = CHAT_TEMPLATE
-    config["extra_special_tokens"] = {}
-    _dump(out / "tokenizer_config.json", config)
-    shutil.copy(text_dir / "special_tokens_map.json", out / "special_tokens_map.json")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return ids
 
 
@@ -251,12 +221,7 @@ def make_tiny_vlm(out_dir: str | Path, spec: TinyVlmSpec | None = None) -> Path:
     spec = spec or TinyVlmSpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text_dir = out / ".text-tokenizer"
-    make_tiny_model(text_dir, TinyModelSpec(seed=spec.seed))
-    try:
-        ids = _tokenizer(out, spec, text_dir)
-    finally:
-        shutil.rmtree(text_dir, ignore_errors=True)
+    ids = _tokenizer(out, spec)
     _dump(out / "config.json", _config(spec, ids))
     _dump(
         out / "generation_config.json",
