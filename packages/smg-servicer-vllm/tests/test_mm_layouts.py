@@ -56,9 +56,12 @@ def test_every_picture_the_processor_makes_fits_the_learnt_layout(
     path, split = model
     layout = _learnt(path)
     processor = _processor(path)
+    from vllm.config.multimodal import ImageDummyOptions
+
     tiles: set[int] = set()
     for width, height in PICTURES:
-        item, embeds = _mm_layouts.sample(processor, "image", (width, height))
+        option = ImageDummyOptions(count=1, width=width, height=height)
+        item, embeds = _mm_layouts.sample(processor, "image", option)
         rows = int(item["pixel_values"].data.shape[0])
         if not rows:
             # vLLM 0.27 counts 0 patches for a picture that is not split (the vLLM tests'

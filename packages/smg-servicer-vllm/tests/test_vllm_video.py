@@ -1,66 +1,406 @@
-"""Video on vLLM 0.32 through the servicer's in-process media path, without an engine (issue #45):
-a generated 12-frame clip (OpenCV, mp4v) as a media ref is fetched by vLLM's connector, decoded by
-OpenCV and processed by the tiny LLaVA-NeXT-Video's processor through vLLM's renderer
-(``smg_it.video_render``, in a process with the functional torchvision shim). Every frame fills
-its 16 positions; the frame cap samples the clip down to 4 frames (64 positions); a clip over the
-byte cap is refused before any fetch. Not here (the README says so): the clip through an engine,
-as router-preprocessed tensors, or through the Redis sidecar."""
+"""Video on the real vLLM 0.32 CPU engine (issue #45): a tiny float32 LLaVA-NeXT-Video
+(``smg_servicer_core.testing.tiny_video_vlm``) serving a clip generated here (OpenCV, mp4v), in
+the video environment (tools/envs/list: the workspace's, the functional torchvision shim first on
+``PYTHONPATH``; transformers' video processors need torchvision).
+
+The same clip three ways gives the greedy ids of vLLM's own generation (``AsyncLLM.generate`` of
+the clip as vLLM's loader decodes it, no servicer): router-preprocessed tensors, a media ref
+processed in the worker, a media ref processed by the Redis sidecar. The frame cap
+(``--mm-max-video-frames``) samples a longer clip down (the prompt's placeholder count shows it,
+and the ids are vLLM's with the same cap); a clip over the byte cap is refused before any fetch;
+a clip shorter than the longest the model takes is served as tensors; a seeded fuzz of broken
+video tensors gets answers or INVALID_ARGUMENT, the engine healthy after each."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import subprocess
-import sys
-import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+import pytest_asyncio
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
-import smg_it
 from smg_it.paths import model_cache
-from smg_it.video_render import CAP, FRAMES, SHIM, clip
-from smg_servicer_core.config import environment
+from smg_it.video import clip, shim_missing
 from smg_servicer_core.errors import InvalidRequest
+from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
+from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.media import data_url
+from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_video_vlm import TinyVideoVlmSpec, cached_tiny_video_vlm
 from smg_servicer_vllm.mm import media_items
 from smg_servicer_vllm.mm_settings import MmSettings
+from smg_servicer_vllm.testing.multimodal import MAX_TOKENS, complete
+from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
+
 PER_FRAME = TinyVideoVlmSpec().embeddings_per_frame
+FRAMES, CAP, SHORT = 12, 4, 5
+CLIP, OTHER = clip(FRAMES), clip(FRAMES, seed=1)
+LIMIT = '{"video": 1}'
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, int]:
-    model = cached_tiny_video_vlm(model_cache())
-    out = Path(tempfile.mkstemp(prefix="smg-video-", suffix=".json")[1])
-    kit = str(Path(smg_it.__file__).parent.parent)
-    path = os.pathsep.join(p for p in (str(SHIM), kit, environment().get("PYTHONPATH", "")) if p)
-    subprocess.run(
-        [sys.executable, "-m", "smg_it.video_render", str(model), str(out)],
-        check=True,
-        env={**environment(), "PYTHONPATH": path},
-        timeout=300,
+def model() -> Path:
+    if (why := shim_missing()) is not None:
+        pytest.fail(why)
+    return cached_tiny_video_vlm(model_cache())
+
+
+@pytest.fixture(scope="module")
+def ids(model: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model))
+
+    def chat(text: str) -> list[int]:
+        return list(
+            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        )
+
+    return {
+        "video": chat("<video>what happens?"),
+        "none": chat("what happens?"),
+        "<video>": int(tokenizer.convert_tokens_to_ids("<video>")),
+    }
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def video_llm(model: Path, make_llm: Any) -> AsyncIterator[Any]:
+    llm = make_llm(model, kv_cache_memory_bytes=64 << 20, limit_mm_per_prompt={"video": 1})
+    yield llm
+    llm.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def worker(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
+    """Media refs processed in the worker, no frame cap; tensors too."""
+    async with serve_llm(video_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+        yield stack[1]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def capped(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
+    settings = MmSettings(processor="inprocess", source="flag", max_video_frames=CAP)
+    async with serve_llm(video_llm, settings) as stack:
+        yield stack[1]
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer(user="smg-mm", password="v1de0-pa55") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sidecar(
+    model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SidecarProcess]:
+    log = tmp_path_factory.mktemp("video-sidecar") / "sidecar.log"
+    process = SidecarProcess(model, redis_server.url, *sidecar_args(LIMIT), log_path=log)
+    yield process.start()
+    process.kill()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def via_sidecar(
+    video_llm: Any, serve_llm: Any, redis_server: RedisServer, sidecar: SidecarProcess
+) -> AsyncIterator[Any]:
+    settings = MmSettings(processor="redis", redis_url=redis_server.url, source="flag")
+    async with serve_llm(video_llm, settings) as stack:
+        yield stack[1]
+
+
+def decoded(content: bytes, frames: int = 0) -> Any:
+    """The clip as vLLM's own loader decodes it (``--media-io-kwargs`` num_frames ``frames``):
+    the (frames, metadata) pair vLLM's offline API takes."""
+    from vllm.multimodal.media.connector import MediaConnector
+
+    kwargs = {"video": {"num_frames": frames}} if frames else None
+    return MediaConnector(media_io_kwargs=kwargs).fetch_video(data_url(content, "video/mp4")).media
+
+
+async def reference(llm: Any, ids: list[int], video: Any = None) -> tuple[list[int], int]:
+    """vLLM in-process, no servicer: (greedy ids, prompt length)."""
+    from smg_servicer_vllm import _engine
+
+    prompt: dict[str, Any] = {"prompt_token_ids": ids}
+    if video is not None:
+        prompt["multi_modal_data"] = {"video": [video]}
+    final: Any = None
+    async for output in llm.generate(
+        prompt, _engine.greedy_params(MAX_TOKENS), f"ref-{time.monotonic_ns()}"
+    ):
+        final = output
+    return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
+
+
+def ref_request(ids: list[int], content: bytes) -> pb.GenerateRequest:
+    request = generate_request("vllm", ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    request.media_refs.items.add(modality=common_pb2.VIDEO, url=data_url(content, "video/mp4"))
+    return request
+
+
+def _put(message: Any, tensor: Any) -> None:
+    import torch
+
+    array = tensor.contiguous()
+    message.shape[:] = list(array.shape)
+    message.dtype = str(array.dtype).removeprefix("torch.")
+    message.inline = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
+
+
+async def tensor_request(llm: Any, ids: list[int], video: Any, token: int) -> pb.GenerateRequest:
+    """What a router sends for vLLM's own processing of the clip: the expanded ids, the clip's
+    ``pixel_values_videos`` (one item: ``[1, frames, 3, size, size]``, batched), its
+    placeholder and hash."""
+    import torch
+
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"video": [video]}}
+    engine_input = await llm.renderer.process_for_engine_async(
+        prompt, time.time(), skip_mm_cache=True
     )
-    return json.loads(out.read_text())
+    request = generate_request(
+        "vllm",
+        list(engine_input["prompt_token_ids"]),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        ignore_eos=True,
+    )
+    batch = request.mm_inputs
+    batch.modality = common_pb2.VIDEO
+    batch.im_token_id = token
+    items = engine_input["mm_kwargs"]["video"]
+    _put(batch.pixel_values, torch.stack([item["pixel_values_videos"].data for item in items]))
+    batch.batched_keys.append("pixel_values_videos")
+    for placeholder in engine_input["mm_placeholders"]["video"]:
+        batch.mm_placeholders.add(offset=placeholder.offset, length=placeholder.length)
+    batch.mm_hashes.extend(engine_input["mm_hashes"]["video"])
+    return request
 
 
-def test_every_frame_fills_its_positions_and_the_cap_samples_the_clip_down(
-    rendered: dict[str, int],
+def positions(request: pb.GenerateRequest, token: int) -> int:
+    return sum(1 for t in request.tokenized.input_ids if t == token)
+
+
+# The clip three ways -------------------------------------------------------------------------
+
+
+async def test_a_media_ref_gives_vllms_own_ids_for_the_clip(worker, video_llm, ids) -> None:
+    want, prompt_len = await reference(video_llm, ids["video"], decoded(CLIP))
+    got = await complete(worker, ref_request(ids["video"], CLIP))
+    assert list(got.output_ids) == want
+    # every frame fills its positions: the anchor became FRAMES x PER_FRAME video tokens
+    assert got.prompt_tokens == prompt_len == len(ids["video"]) - 1 + FRAMES * PER_FRAME
+    # the clip moves the answer: without it, and with another clip, the ids differ
+    assert (await reference(video_llm, ids["none"]))[0] != want
+    other = await complete(worker, ref_request(ids["video"], OTHER))
+    assert list(other.output_ids) == (await reference(video_llm, ids["video"], decoded(OTHER)))[0]
+    assert list(other.output_ids) != want
+
+
+async def test_preprocessed_tensors_give_the_same_ids(worker, video_llm, ids) -> None:
+    video = decoded(CLIP)
+    want, prompt_len = await reference(video_llm, ids["video"], video)
+    request = await tensor_request(video_llm, ids["video"], video, ids["<video>"])
+    assert positions(request, ids["<video>"]) == FRAMES * PER_FRAME
+    got = await complete(worker, request)
+    assert list(got.output_ids) == want
+    assert got.prompt_tokens == prompt_len
+
+
+async def test_a_clip_shorter_than_the_longest_is_served_as_tensors(worker, video_llm, ids) -> None:
+    # The layout is learnt from clips of several lengths: one length alone refused every other.
+    short = decoded(clip(SHORT, seed=2))
+    want, _ = await reference(video_llm, ids["video"], short)
+    request = await tensor_request(video_llm, ids["video"], short, ids["<video>"])
+    assert positions(request, ids["<video>"]) == SHORT * PER_FRAME
+    assert list((await complete(worker, request)).output_ids) == want
+
+
+async def test_media_refs_through_the_sidecar_give_the_same_ids(
+    via_sidecar, worker, video_llm, ids
 ) -> None:
-    assert PER_FRAME == 16
-    assert rendered == {"uncapped": FRAMES * PER_FRAME, "capped": CAP * PER_FRAME}
+    for content in (CLIP, OTHER):
+        want, prompt_len = await reference(video_llm, ids["video"], decoded(content))
+        got = await complete(via_sidecar, ref_request(ids["video"], content))
+        assert list(got.output_ids) == want
+        assert got.prompt_tokens == prompt_len
+
+
+# The caps ----------------------------------------------------------------------------------------
+
+
+async def test_the_frame_cap_samples_a_longer_clip_down(capped, video_llm, ids) -> None:
+    want, prompt_len = await reference(video_llm, ids["video"], decoded(CLIP, CAP))
+    got = await complete(capped, ref_request(ids["video"], CLIP))
+    assert got.prompt_tokens == prompt_len == len(ids["video"]) - 1 + CAP * PER_FRAME
+    assert list(got.output_ids) == want
+    # a clip within the cap keeps every frame
+    short = clip(CAP - 1, seed=3)
+    within = await complete(capped, ref_request(ids["video"], short))
+    assert within.prompt_tokens == len(ids["video"]) - 1 + (CAP - 1) * PER_FRAME
 
 
 def test_a_clip_over_the_byte_cap_is_refused_before_any_fetch() -> None:
-    url = data_url(clip(), "video/mp4")
+    url = data_url(CLIP, "video/mp4")
     request = pb.GenerateRequest(request_id="v", tokenized=pb.TokenizedInput(input_ids=[1, 7, 2]))
-    request.media_refs.items.add(modality=3, url=url)  # 3: video (mm.MODALITY_NAMES)
+    request.media_refs.items.add(modality=common_pb2.VIDEO, url=url)
     settings = MmSettings(processor="inprocess", max_item_bytes=len(url) // 2)
     with pytest.raises(InvalidRequest, match=r"over the \d+-byte limit"):
         media_items(request, settings, limits={"video": 1}, schemes=("data",), anchors={"video": 7})
     big = MmSettings(processor="inprocess", max_item_bytes=len(url) * 2)
     items = media_items(request, big, limits={"video": 1}, schemes=("data",), anchors={"video": 7})
     assert [item.modality for item in items] == ["video"]
+
+
+# Broken video tensors ----------------------------------------------------------------------------
+
+
+def _shape(b: Any, index: int, value: int) -> None:
+    b.pixel_values.shape[index] = value
+
+
+def _two_videos(b: Any) -> None:
+    b.pixel_values.inline = bytes(b.pixel_values.inline) * 2
+    b.pixel_values.shape[0] = 2
+    first = b.mm_placeholders[0]
+    b.mm_placeholders.add(offset=first.offset, length=first.length)
+    b.mm_hashes.append("another")
+
+
+def _frame_short(b: Any) -> None:
+    b.mm_placeholders[0].length -= PER_FRAME
+
+
+#: name -> (what it does to a good video request's ``mm_inputs``, the text the refusal holds).
+BAD: dict[str, tuple[Any, str]] = {
+    "dtype": (lambda b: setattr(b.pixel_values, "dtype", "int32"), "takes a floating tensor"),
+    "unknown dtype": (lambda b: setattr(b.pixel_values, "dtype", "complex64"), "complex64"),
+    "bytes": (lambda b: setattr(b.pixel_values, "inline", b.pixel_values.inline[:-4]), "bytes"),
+    "frame size": (lambda b: (_shape(b, 3, 28), _shape(b, 4, 112)), "this model takes"),
+    "channels": (lambda b: (_shape(b, 2, 1), _shape(b, 4, 168)), "this model takes"),
+    "not batched": (lambda b: b.ClearField("batched_keys"), "this model takes"),
+    "a frame short": (_frame_short, "fewer than the"),
+    "image modality": (
+        lambda b: setattr(b, "modality", common_pb2.IMAGE),
+        "does not accept image input",
+    ),
+    "two videos": (_two_videos, "video item(s)"),
+    "no placeholder": (lambda b: b.ClearField("mm_placeholders"), "mm_placeholders is empty"),
+    "outside the prompt": (lambda b: setattr(b.mm_placeholders[0], "offset", 10_000), "outside"),
+    "token id": (lambda b: setattr(b, "im_token_id", 7), "no im_token_id 7"),
+    "hashes": (lambda b: b.mm_hashes.append("extra"), "mm_hashes"),
+    "stray tensor": (
+        lambda b: b.model_specific_tensors["image_sizes"].CopyFrom(b.pixel_values),
+        "this model takes",
+    ),
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def good(video_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest, list[int]]:
+    video = decoded(clip(3, seed=4))
+    request = await tensor_request(video_llm, ids["video"], video, ids["<video>"])
+    return request, (await reference(video_llm, ids["video"], video))[0]
+
+
+def _broken(good: pb.GenerateRequest, faults: list[str]) -> pb.GenerateRequest:
+    request = pb.GenerateRequest()
+    request.CopyFrom(good)
+    for fault in faults:
+        with contextlib.suppress(IndexError):  # a fault needing what an earlier one removed
+            BAD[fault][0](request.mm_inputs)
+    return request
+
+
+async def test_each_broken_video_tensor_is_invalid_argument_naming_it(worker, good) -> None:
+    request, want = good
+    for name, (_, text) in BAD.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await complete(worker, _broken(request, [name]))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+        assert text in (info.value.details() or ""), (name, info.value.details())
+        assert (await worker.HealthCheck(pb.HealthCheckRequest())).healthy, name
+    assert list((await complete(worker, request)).output_ids) == want
+
+
+EXAMPLES = int(os.environ.get("SMG_FUZZ_VIDEO_EXAMPLES", "200"))
+SEED = int(os.environ.get("SMG_FUZZ_SEED", "20261202"))
+SUPPRESSED = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "complex64", "")
+#: The faults a drawn value may undo (a drawn dtype, shape or placeholder replaces theirs).
+UNDONE_BY = {
+    "dtype": ("dtype", "unknown dtype"),
+    "shape": ("frame size", "channels"),
+    "span": ("a frame short", "outside the prompt"),
+}
+
+
+async def test_fuzzed_video_tensors_get_a_client_fault_or_an_answer_and_the_engine_lives(
+    worker, good
+) -> None:
+    """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_VIDEO_EXAMPLES`` draws): up to three of
+    :data:`BAD`'s faults together, then a drawn placeholder, shape or dtype; a request still
+    broken after the draws is INVALID_ARGUMENT (the others served or refused: a drawn
+    placeholder holding all the clip's positions is a good one), the worker
+    healthy after each, and the good request's answer the same at the end."""
+    request, want = good
+    batch = request.mm_inputs
+    original = {
+        "dtype": batch.pixel_values.dtype,
+        "shape": list(batch.pixel_values.shape),
+        "span": (batch.mm_placeholders[0].offset, batch.mm_placeholders[0].length),
+    }
+    ids, token = list(request.tokenized.input_ids), batch.im_token_id
+    embeds = ids.count(token)
+    drawn: list[tuple[pb.GenerateRequest, bool, str]] = []
+
+    @seed(SEED)
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=SUPPRESSED)
+    @given(
+        faults=st.lists(st.sampled_from(sorted(BAD)), max_size=3, unique=True),
+        span=st.none() | st.tuples(st.integers(0, 80), st.integers(0, 80)),
+        shape=st.none() | st.lists(st.integers(0, 64), max_size=6),
+        dtype=st.none() | st.sampled_from(DTYPES),
+    )
+    def draw(faults: list[str], span: Any, shape: Any, dtype: Any) -> None:
+        bad = _broken(request, faults)
+        values = {"dtype": dtype, "shape": shape, "span": span}
+        broken = bool(set(faults) - {f for k, v in values.items() if v is not None
+                                     for f in UNDONE_BY[k]})  # fmt: skip
+        if span is not None and bad.mm_inputs.mm_placeholders:
+            bad.mm_inputs.mm_placeholders[0].offset, bad.mm_inputs.mm_placeholders[0].length = span
+        if shape is not None:
+            bad.mm_inputs.pixel_values.shape[:] = shape
+        if dtype is not None:
+            bad.mm_inputs.pixel_values.dtype = dtype
+        broken |= any(v is not None and v != original[k] for k, v in values.items() if k != "span")
+        if span is not None:  # a span holding all the clip's positions, and only in the prompt
+            offset, length = span
+            window = ids[offset : offset + length]
+            broken |= offset + length > len(ids) or window.count(token) != embeds
+        drawn.append((bad, broken, f"{faults} span={span} shape={shape} dtype={dtype!r}"))
+
+    draw()  # hypothesis draws synchronously; the requests go out on the session's loop
+    seen: dict[str, int] = {}
+    for bad, broken, what in drawn:
+        try:
+            await complete(worker, bad)
+            code = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+        allowed = {grpc.StatusCode.INVALID_ARGUMENT} | (set() if broken else {grpc.StatusCode.OK})
+        assert code in allowed, (what, code)
+        seen[code.name] = seen.get(code.name, 0) + 1
+        assert (await worker.HealthCheck(pb.HealthCheckRequest())).healthy, what
+    assert seen.get("INVALID_ARGUMENT", 0) > len(drawn) // 2, seen
+    assert list((await complete(worker, request)).output_ids) == want

@@ -4,10 +4,11 @@ router-sent item against it).
 
 :func:`item_layouts` runs the processor on dummy items per modality (images: the largest size, a
 smaller one, a wide strip and a tall one, so a model that tiles a picture by its aspect ratio
-shows its tile count varying) and records which tensors an item has, their kind and shape (a size
-that differs between them is left free), and how many embeddings the encoder makes of it: exact
-when all agree, else a fixed number per row of the primary tensor, else unknown (the per-item
-maximum then bounds it). :meth:`ItemLayout.check` refuses an item that does not fit with
+shows its tile count varying; videos: the longest clip, one of one frame and one of three) and
+records which tensors an item has, their kind and shape (a size that differs between them is left
+free), and how many embeddings the encoder makes of it: exact when all agree, else a fixed number
+per row of the primary tensor (a video's: per frame), else unknown (the per-item maximum then
+bounds it). :meth:`ItemLayout.check` refuses an item that does not fit with
 INVALID_ARGUMENT naming the field, always in the same order (the primary tensor first).
 """
 
@@ -127,31 +128,36 @@ def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout 
 
 
 def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
-    """One item of ``modality`` as vLLM's processor makes it, at its largest and (images) at a
-    third of that, as a wide strip and as a tall one: (item, embeddings). Two pictures of one
-    aspect ratio are not enough: Idefics3 with image splitting cuts both into the same tiles."""
-    sizes: list[tuple[int, int] | None] = [None]
+    """Items of ``modality`` as vLLM's processor makes them: (item, embeddings). The largest;
+    images also at a third of that, as a wide strip and as a tall one (two pictures of one
+    aspect ratio are not enough: Idefics3 with image splitting cuts both into the same tiles);
+    videos also of one and of three frames, so that a clip shorter than the largest is not
+    refused and its embeddings are counted per frame."""
+    options: list[Any] = [None]
     if modality == "image":
+        from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415 - vLLM, at start
+
         seq_len = int(processor.info.ctx.model_config.max_model_len)
         largest: Any = processor.dummy_inputs.get_dummy_mm_data(seq_len, {"image": 1}, {})
         image: Any = largest["image"][0] if isinstance(largest["image"], list) else largest["image"]
         width, height = int(image.size[0]), int(image.size[1])
-        sizes += [(width // 3, height // 4), (width, height // 8), (width // 8, height)]
-    return [sample(processor, modality, size) for size in sizes]
+        for w, h in ((width // 3, height // 4), (width, height // 8), (width // 8, height)):
+            options.append(ImageDummyOptions(count=1, width=max(w, 1), height=max(h, 1)))
+    elif modality == "video":
+        from vllm.config.multimodal import VideoDummyOptions  # noqa: PLC0415 - vLLM, at start
+
+        options += [VideoDummyOptions(count=1, num_frames=n) for n in (1, 3)]
+    return [sample(processor, modality, option) for option in options]
 
 
-def sample(processor: Any, modality: str, size: tuple[int, int] | None = None) -> tuple[Any, int]:
-    """One dummy item of ``modality`` through vLLM's processor, the largest it makes or an image
-    of ``size`` (width, height; at most the largest): (item, embeddings)."""
-    from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415 - vLLM, at start only
+def sample(processor: Any, modality: str, option: Any = None) -> tuple[Any, int]:
+    """One dummy item of ``modality`` through vLLM's processor, the largest it makes or the one
+    ``option`` (vLLM's dummy options of that modality) describes: (item, embeddings)."""
     from vllm.multimodal.processing.context import TimingContext  # noqa: PLC0415 - vLLM, at start
 
     seq_len = int(processor.info.ctx.model_config.max_model_len)
-    option: dict[str, Any] = {}
-    if size is not None:
-        width, height = size
-        option[modality] = ImageDummyOptions(count=1, width=max(width, 1), height=max(height, 1))
-    inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, option)
+    options = {} if option is None else {modality: option}
+    inputs = releases.dummy_inputs(processor)(seq_len, {modality: 1}, options)
     out = processor.apply(inputs, timing_ctx=TimingContext(enabled=False))
     return out["mm_kwargs"][modality][0], int(out["mm_placeholders"][modality][0].get_num_embeds())
 
