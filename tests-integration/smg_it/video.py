@@ -4,6 +4,7 @@ shim their environment puts first on ``PYTHONPATH`` (tools/envs/list: ``env vide
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ SHIM_VERSION = "0.26.0+smgshim"
 def shim_missing() -> str | None:
     """Why this process cannot process video (no shim first on its path), or None."""
     try:
-        import torchvision
+        torchvision = importlib.import_module("torchvision")
     except ImportError:
         return f"no torchvision: run with PYTHONPATH={SHIM} (tools/envs/list: env video)"
     version = getattr(torchvision, "__version__", "")

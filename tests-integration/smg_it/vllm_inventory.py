@@ -234,6 +234,33 @@ def _uses() -> list[Use]:
             0,
             "count",
             "num_frames",
+            "width",
+            "height",
+        ),
+        u(
+            "vllm.config.multimodal:AudioDummyOptions",
+            "_mm_layouts.py: _samples()",
+            0,
+            "count",
+            "length",
+        ),
+        # _mm_layouts.py: an item's embeddings as the processor counts them
+        u(f"{processor}._get_prompt_updates", "_mm_layouts.py: _ProcessorCount", 3),
+        u("vllm.multimodal.parse:MultiModalDataItems", "_mm_layouts.py: _ProcessorCount", 0),
+        *read(
+            "vllm.multimodal.processing:PromptUpdate", "_mm_layouts.py: _ProcessorCount", "modality"
+        ),
+        u("vllm.multimodal.processing:PromptUpdate.resolve", "_mm_layouts.py: _ProcessorCount", 1),
+        *read(
+            "vllm.multimodal.processing.processor:ResolvedPromptUpdate",
+            "_mm_layouts.py: _ProcessorCount",
+            "content",
+        ),
+        *read(
+            "vllm.multimodal.processing:PromptUpdateDetails",
+            "_mm_layouts.py: _ProcessorCount",
+            "full",
+            "is_embed",
         ),
         u(
             "vllm.multimodal.processing.context:TimingContext",

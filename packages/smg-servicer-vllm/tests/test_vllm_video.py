@@ -13,31 +13,31 @@ video tensors gets answers or INVALID_ARGUMENT, the engine healthy after each.""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import pytest_asyncio
-from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
 
+from smg_it.fuzz_items import each_fault_is_refused, fuzz
 from smg_it.paths import model_cache
 from smg_it.video import clip, shim_missing
 from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
-from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.media import data_url
 from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_video_vlm import TinyVideoVlmSpec, cached_tiny_video_vlm
 from smg_servicer_vllm.mm import media_items
 from smg_servicer_vllm.mm_settings import MmSettings
-from smg_servicer_vllm.testing.multimodal import MAX_TOKENS, complete
+from smg_servicer_vllm.testing.multimodal import (
+    complete,
+    item_reference,
+    item_tensor_request,
+    media_request,
+)
 from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
@@ -128,63 +128,19 @@ def decoded(content: bytes, frames: int = 0) -> Any:
     return MediaConnector(media_io_kwargs=kwargs).fetch_video(data_url(content, "video/mp4")).media
 
 
-async def reference(llm: Any, ids: list[int], video: Any = None) -> tuple[list[int], int]:
-    """vLLM in-process, no servicer: (greedy ids, prompt length)."""
-    from smg_servicer_vllm import _engine
-
-    prompt: dict[str, Any] = {"prompt_token_ids": ids}
-    if video is not None:
-        prompt["multi_modal_data"] = {"video": [video]}
-    final: Any = None
-    async for output in llm.generate(
-        prompt, _engine.greedy_params(MAX_TOKENS), f"ref-{time.monotonic_ns()}"
-    ):
-        final = output
-    return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
+async def tensor_request(llm: Any, ids: list[int], video: Any, token: int) -> pb.GenerateRequest:
+    """The clip's ``pixel_values_videos`` (``[1, frames, 3, size, size]``, batched)."""
+    return await item_tensor_request(
+        llm, ids, "video", video, token=token, encoder_key="pixel_values_videos"
+    )
 
 
 def ref_request(ids: list[int], content: bytes) -> pb.GenerateRequest:
-    request = generate_request("vllm", ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    request.media_refs.items.add(modality=common_pb2.VIDEO, url=data_url(content, "video/mp4"))
-    return request
+    return media_request(ids, data_url(content, "video/mp4"), modality="video")
 
 
-def _put(message: Any, tensor: Any) -> None:
-    import torch
-
-    array = tensor.contiguous()
-    message.shape[:] = list(array.shape)
-    message.dtype = str(array.dtype).removeprefix("torch.")
-    message.inline = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
-
-
-async def tensor_request(llm: Any, ids: list[int], video: Any, token: int) -> pb.GenerateRequest:
-    """What a router sends for vLLM's own processing of the clip: the expanded ids, the clip's
-    ``pixel_values_videos`` (one item: ``[1, frames, 3, size, size]``, batched), its
-    placeholder and hash."""
-    import torch
-
-    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"video": [video]}}
-    engine_input = await llm.renderer.process_for_engine_async(
-        prompt, time.time(), skip_mm_cache=True
-    )
-    request = generate_request(
-        "vllm",
-        list(engine_input["prompt_token_ids"]),
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        ignore_eos=True,
-    )
-    batch = request.mm_inputs
-    batch.modality = common_pb2.VIDEO
-    batch.im_token_id = token
-    items = engine_input["mm_kwargs"]["video"]
-    _put(batch.pixel_values, torch.stack([item["pixel_values_videos"].data for item in items]))
-    batch.batched_keys.append("pixel_values_videos")
-    for placeholder in engine_input["mm_placeholders"]["video"]:
-        batch.mm_placeholders.add(offset=placeholder.offset, length=placeholder.length)
-    batch.mm_hashes.extend(engine_input["mm_hashes"]["video"])
-    return request
+async def reference(llm: Any, ids: list[int], video: Any = None) -> tuple[list[int], int]:
+    return await item_reference(llm, ids, "video", video)
 
 
 def positions(request: pb.GenerateRequest, token: int) -> int:
@@ -313,94 +269,21 @@ async def good(video_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest,
     return request, (await reference(video_llm, ids["video"], video))[0]
 
 
-def _broken(good: pb.GenerateRequest, faults: list[str]) -> pb.GenerateRequest:
-    request = pb.GenerateRequest()
-    request.CopyFrom(good)
-    for fault in faults:
-        with contextlib.suppress(IndexError):  # a fault needing what an earlier one removed
-            BAD[fault][0](request.mm_inputs)
-    return request
-
-
 async def test_each_broken_video_tensor_is_invalid_argument_naming_it(worker, good) -> None:
     request, want = good
-    for name, (_, text) in BAD.items():
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await complete(worker, _broken(request, [name]))
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
-        assert text in (info.value.details() or ""), (name, info.value.details())
-        assert (await worker.HealthCheck(pb.HealthCheckRequest())).healthy, name
-    assert list((await complete(worker, request)).output_ids) == want
-
-
-EXAMPLES = int(os.environ.get("SMG_FUZZ_VIDEO_EXAMPLES", "200"))
-SEED = int(os.environ.get("SMG_FUZZ_SEED", "20261202"))
-SUPPRESSED = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
-DTYPES = ("float32", "float16", "bfloat16", "int32", "uint8", "bool", "complex64", "")
-#: The faults a drawn value may undo (a drawn dtype, shape or placeholder replaces theirs).
-UNDONE_BY = {
-    "dtype": ("dtype", "unknown dtype"),
-    "shape": ("frame size", "channels"),
-    "span": ("a frame short", "outside the prompt"),
-}
+    await each_fault_is_refused(worker, request, want, BAD)
 
 
 async def test_fuzzed_video_tensors_get_a_client_fault_or_an_answer_and_the_engine_lives(
     worker, good
 ) -> None:
-    """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_VIDEO_EXAMPLES`` draws): up to three of
-    :data:`BAD`'s faults together, then a drawn placeholder, shape or dtype; a request still
-    broken after the draws is INVALID_ARGUMENT (the others served or refused: a drawn
-    placeholder holding all the clip's positions is a good one), the worker
-    healthy after each, and the good request's answer the same at the end."""
-    request, want = good
-    batch = request.mm_inputs
-    original = {
-        "dtype": batch.pixel_values.dtype,
-        "shape": list(batch.pixel_values.shape),
-        "span": (batch.mm_placeholders[0].offset, batch.mm_placeholders[0].length),
+    """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_VIDEO_EXAMPLES`` draws): :mod:`smg_it.fuzz_items`
+    over :data:`BAD`."""
+    undone_by = {
+        "dtype": ("dtype", "unknown dtype"),
+        "shape": ("frame size", "channels"),
+        "span": ("a frame short", "outside the prompt"),
     }
-    ids, token = list(request.tokenized.input_ids), batch.im_token_id
-    embeds = ids.count(token)
-    drawn: list[tuple[pb.GenerateRequest, bool, str]] = []
-
-    @seed(SEED)
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=SUPPRESSED)
-    @given(
-        faults=st.lists(st.sampled_from(sorted(BAD)), max_size=3, unique=True),
-        span=st.none() | st.tuples(st.integers(0, 80), st.integers(0, 80)),
-        shape=st.none() | st.lists(st.integers(0, 64), max_size=6),
-        dtype=st.none() | st.sampled_from(DTYPES),
-    )
-    def draw(faults: list[str], span: Any, shape: Any, dtype: Any) -> None:
-        bad = _broken(request, faults)
-        values = {"dtype": dtype, "shape": shape, "span": span}
-        broken = bool(set(faults) - {f for k, v in values.items() if v is not None
-                                     for f in UNDONE_BY[k]})  # fmt: skip
-        if span is not None and bad.mm_inputs.mm_placeholders:
-            bad.mm_inputs.mm_placeholders[0].offset, bad.mm_inputs.mm_placeholders[0].length = span
-        if shape is not None:
-            bad.mm_inputs.pixel_values.shape[:] = shape
-        if dtype is not None:
-            bad.mm_inputs.pixel_values.dtype = dtype
-        broken |= any(v is not None and v != original[k] for k, v in values.items() if k != "span")
-        if span is not None:  # a span holding all the clip's positions, and only in the prompt
-            offset, length = span
-            window = ids[offset : offset + length]
-            broken |= offset + length > len(ids) or window.count(token) != embeds
-        drawn.append((bad, broken, f"{faults} span={span} shape={shape} dtype={dtype!r}"))
-
-    draw()  # hypothesis draws synchronously; the requests go out on the session's loop
-    seen: dict[str, int] = {}
-    for bad, broken, what in drawn:
-        try:
-            await complete(worker, bad)
-            code = grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as err:
-            code = err.code()
-        allowed = {grpc.StatusCode.INVALID_ARGUMENT} | (set() if broken else {grpc.StatusCode.OK})
-        assert code in allowed, (what, code)
-        seen[code.name] = seen.get(code.name, 0) + 1
-        assert (await worker.HealthCheck(pb.HealthCheckRequest())).healthy, what
-    assert seen.get("INVALID_ARGUMENT", 0) > len(drawn) // 2, seen
-    assert list((await complete(worker, request)).output_ids) == want
+    examples = int(os.environ.get("SMG_FUZZ_VIDEO_EXAMPLES", "200"))
+    request, want = good
+    await fuzz(worker, request, want, BAD, undone_by=undone_by, examples=examples)

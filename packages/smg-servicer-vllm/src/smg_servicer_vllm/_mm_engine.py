@@ -484,6 +484,15 @@ class InprocessProcessor:
             raise InvalidRequest(
                 "the media do not match the prompt's anchors or the model's limits"
             ) from exc
+        except ImportError as exc:
+            # vLLM reaches for an optional package only some media need (audio at another
+            # sample rate than the model's is resampled with torchaudio): the request is one
+            # this worker cannot process, not a fault of the server.
+            logger.warning("media processing needs an optional package that is not installed")
+            raise InvalidRequest(
+                "these media need an optional package this worker does not have (audio at "
+                "another sample rate than the model's is resampled with torchaudio)"
+            ) from exc
 
     async def engine_input(
         self, ids: list[int], items: Sequence[MediaItem], text: str, request_id: str = ""

@@ -4,18 +4,21 @@ router-sent item against it).
 
 :func:`item_layouts` runs the processor on dummy items per modality (images: the largest size, a
 smaller one, a wide strip and a tall one, so a model that tiles a picture by its aspect ratio
-shows its tile count varying; videos: the longest clip, one of one frame and one of three) and
-records which tensors an item has, their kind and shape (a size that differs between them is left
-free), and how many embeddings the encoder makes of it: exact when all agree, else a fixed number
-per row of the primary tensor (a video's: per frame), else unknown (the per-item maximum then
-bounds it). :meth:`ItemLayout.check` refuses an item that does not fit with
-INVALID_ARGUMENT naming the field, always in the same order (the primary tensor first).
+shows its tile count varying; videos: the longest clip, one of one frame and one of three; audio:
+the longest and two short ones) and records which tensors an item has, their kind and shape (a
+size that differs between them is left free), and how many embeddings the encoder makes of it:
+exact when all agree, else a fixed number per row of the primary tensor (a video's: per frame),
+else the count vLLM's processor gives for the item's own tensors where it gave every sample's
+(an audio clip's, from its feature mask), else unknown (the per-item maximum then bounds it).
+:meth:`ItemLayout.check` refuses an item that does not fit with INVALID_ARGUMENT naming the
+field, always in the same order (the primary tensor first).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -51,12 +54,15 @@ class ItemLayout:
     from items of different sizes, :func:`item_layouts`): its tensors, each one's kind and
     shape, and how many embeddings the encoder makes of it — ``embeds`` when all items agree
     (a fixed-size item), else ``embeds_per_row`` times the rows of ``rows_key`` when all agree
-    on that ratio, else not known (the ``max_embeds`` bound alone applies)."""
+    on that ratio, else what ``count`` (vLLM's processor, :class:`_ProcessorCount`) says of the
+    item where it told every sample right, else not known (the ``max_embeds`` bound alone
+    applies)."""
 
     fields: Mapping[str, FieldLayout]
     embeds: int | None = None
     rows_key: str = ""
     embeds_per_row: Fraction | None = None
+    count: Callable[[Any, str], int] | None = None
 
     def check(self, item: Any, where: str) -> int | None:
         """INVALID_ARGUMENT unless ``item`` has this layout; the embeddings it makes (None:
@@ -74,7 +80,7 @@ class ItemLayout:
             if _kind(data) != want.kind:
                 raise InvalidRequest(
                     f"{where}: {name} is {str(data.dtype).removeprefix('torch.')}; this model "
-                    f"takes a {want.kind} tensor"
+                    f"takes {'an' if want.kind == 'integer' else 'a'} {want.kind} tensor"
                 )
             shape = tuple(int(d) for d in data.shape)
             if len(shape) != len(want.shape) or any(
@@ -83,16 +89,58 @@ class ItemLayout:
                 raise InvalidRequest(
                     f"{where}: {name} has shape {list(shape)}; this model takes {want.show()}"
                 )
-        return self.embeds_of(item)
+        return self.embeds_of(item, where)
 
-    def embeds_of(self, item: Any) -> int | None:
+    def embeds_of(self, item: Any, where: str = "") -> int | None:
         if self.embeds is not None:
             return self.embeds
         if self.embeds_per_row is None:
-            return None
+            return None if self.count is None else self.count(item, where)
         data = item[self.rows_key].data
         count = self.embeds_per_row * int(data.shape[0])
         return int(count) if count.denominator == 1 else None
+
+
+class _ProcessorCount:
+    """An item's embeddings as vLLM's processor counts them when it expands a prompt
+    (``_get_prompt_updates`` over the item's own tensors: Qwen2-Audio reads its feature mask).
+    Processors that count from the raw media instead cannot count a tensor item: their layouts
+    take none (:func:`_counted`)."""
+
+    def __init__(self, processor: Any, modality: str) -> None:
+        self.processor = processor
+        self.modality = modality
+
+    def __call__(self, item: Any, where: str) -> int:
+        from vllm.multimodal.inputs import MultiModalKwargsItems  # noqa: PLC0415 - vLLM
+        from vllm.multimodal.parse import MultiModalDataItems  # noqa: PLC0415 - vLLM
+
+        items = MultiModalKwargsItems({self.modality: [item]})
+        try:
+            updates = self.processor._get_prompt_updates(MultiModalDataItems(), {}, items)
+            (update,) = [u for u in updates if u.modality == self.modality]
+            content = update.resolve(0).content
+            details, count = content.is_embed, len(content.full)
+        except Exception as exc:
+            raise InvalidRequest(
+                f"{where}: vLLM's processor makes no embeddings of this item's tensors"
+            ) from exc
+        if details is not None or count <= 0:
+            raise InvalidRequest(f"{where}: the item's embeddings cannot be counted")
+        return count
+
+
+def _counted(processor: Any, modality: str, samples: Sequence[tuple[Any, int]]) -> Any:
+    """:class:`_ProcessorCount` for ``modality`` if it counts every sample as the processor
+    made it, else None."""
+    count = _ProcessorCount(processor, modality)
+    for item, embeds in samples:
+        try:
+            if count(item, "") != embeds:
+                return None
+        except InvalidRequest:
+            return None
+    return count
 
 
 def _layout_of(samples: Sequence[tuple[Any, int]], rows_key: str) -> ItemLayout | None:
@@ -131,8 +179,8 @@ def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
     """Items of ``modality`` as vLLM's processor makes them: (item, embeddings). The largest;
     images also at a third of that, as a wide strip and as a tall one (two pictures of one
     aspect ratio are not enough: Idefics3 with image splitting cuts both into the same tiles);
-    videos also of one and of three frames, so that a clip shorter than the largest is not
-    refused and its embeddings are counted per frame."""
+    videos also of one and of three frames, audio also of 8,000 and 16,000 samples, so that a
+    clip shorter than the largest is not refused and its embeddings are counted."""
     options: list[Any] = [None]
     if modality == "image":
         from vllm.config.multimodal import ImageDummyOptions  # noqa: PLC0415 - vLLM, at start
@@ -146,7 +194,13 @@ def _samples(processor: Any, modality: str) -> list[tuple[Any, int]]:
     elif modality == "video":
         from vllm.config.multimodal import VideoDummyOptions  # noqa: PLC0415 - vLLM, at start
 
-        options += [VideoDummyOptions(count=1, num_frames=n) for n in (1, 3)]
+        options += [
+            VideoDummyOptions(count=1, num_frames=n, width=None, height=None) for n in (1, 3)
+        ]
+    elif modality == "audio":
+        from vllm.config.multimodal import AudioDummyOptions  # noqa: PLC0415 - vLLM, at start
+
+        options += [AudioDummyOptions(count=1, length=n) for n in (8000, 16000)]
     return [sample(processor, modality, option) for option in options]
 
 
@@ -183,6 +237,8 @@ def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout
             logger.info("no %s item layout learnt (%s)", modality, type(exc).__name__)
             continue
         layout = _layout_of(samples, rows_key.get(modality, ""))
+        if layout is not None and layout.embeds is None and layout.embeds_per_row is None:
+            layout = dataclasses.replace(layout, count=_counted(processor, modality, samples))
         if layout is not None:
             layouts[modality] = layout
             logger.info(
@@ -194,6 +250,8 @@ def item_layouts(engine: Any, limits: Mapping[str, int]) -> dict[str, ItemLayout
                 else (
                     f"{layout.embeds_per_row} per {layout.rows_key} row"
                     if layout.embeds_per_row is not None
+                    else "vLLM's processor's count of"
+                    if layout.count is not None
                     else "an unknown number of"
                 ),
             )

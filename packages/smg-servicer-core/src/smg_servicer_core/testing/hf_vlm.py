@@ -71,10 +71,17 @@ def media_tokenizer(
     return ids
 
 
-def save_weights(model: Any, out: Path, redraw: dict[str, float], seed: int) -> None:
+def save_weights(
+    model: Any,
+    out: Path,
+    redraw: dict[str, float],
+    seed: int,
+    renames: tuple[tuple[str, str], ...] = (),
+) -> None:
     """``model`` (transformers) saved to ``out`` as float32 safetensors, its vision tower under
     ``vision_tower.vision_model.`` (transformers 5 drops ``vision_model.``; SGLang's and vLLM's
-    loaders want it), each tensor named in ``redraw`` drawn again normal(0, std) (seeded)."""
+    loaders want it), each name starting with a ``renames`` prefix given the other prefix, each
+    tensor named in ``redraw`` drawn again normal(0, std) (seeded)."""
     torch, safetensors = untyped("torch"), untyped("safetensors.torch")
     model.to(torch.float32).save_pretrained(str(out))
     weights = out / "model.safetensors"
@@ -86,6 +93,11 @@ def save_weights(model: Any, out: Path, redraw: dict[str, float], seed: int) -> 
         ): value.contiguous()
         for name, value in safetensors.load_file(str(weights)).items()
     }
+    for old, new in renames:
+        tensors = {
+            (new + name.removeprefix(old) if name.startswith(old) else name): value
+            for name, value in tensors.items()
+        }
     draw = torch.Generator().manual_seed(seed)
     for name, std in redraw.items():
         tensors[name] = torch.randn(tensors[name].shape, generator=draw) * std

@@ -1,5 +1,5 @@
-"""Helpers of the multimodal engine tests (tiny VLM): prompts, vLLM's own reference ids, media
-requests."""
+"""Helpers of the multimodal engine tests (the tiny image, video and audio models): prompts,
+vLLM's own reference ids, media-ref and tensor requests."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from smg_servicer_core.testing import generate_request
 from smg_servicer_core.testing.tiny_vlm import image_token_ids
 
 MAX_TOKENS = 8
+MODALITIES = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO, "audio": common_pb2.AUDIO}
 
 
 def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
@@ -62,13 +63,80 @@ async def reference(
     return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
 
 
-def media_request(ids: list[int], *urls: str, **kwargs: Any) -> pb.GenerateRequest:
-    """A greedy ``MAX_TOKENS`` request with one image media ref per URL."""
+def media_request(
+    ids: list[int], *urls: str, modality: str = "image", **kwargs: Any
+) -> pb.GenerateRequest:
+    """A greedy ``MAX_TOKENS`` request with one media ref of ``modality`` per URL."""
     request = generate_request(
         "vllm", ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, **kwargs
     )
     for url in urls:
-        request.media_refs.items.add(modality=common_pb2.IMAGE, url=url)
+        request.media_refs.items.add(modality=MODALITIES[modality], url=url)
+    return request
+
+
+async def item_reference(
+    llm: Any, ids: list[int], modality: str = "", item: Any = None
+) -> tuple[list[int], int]:
+    """vLLM in-process, no servicer, one ``item`` of ``modality`` as vLLM's offline API takes
+    it (a clip's (frames, metadata), a sound's (samples, rate)) or none: (greedy ids, prompt
+    length)."""
+    from smg_servicer_vllm import _engine  # noqa: PLC0415 - vLLM, only for the reference
+
+    prompt: dict[str, Any] = {"prompt_token_ids": ids}
+    if item is not None:
+        prompt["multi_modal_data"] = {modality: [item]}
+    final: Any = None
+    async for output in llm.generate(
+        prompt, _engine.greedy_params(MAX_TOKENS), f"ref-{time.monotonic_ns()}"
+    ):
+        final = output
+    return list(final.outputs[0].token_ids), len(final.prompt_token_ids)
+
+
+def put_inline(message: Any, tensor: Any) -> None:
+    """``tensor`` (torch) into a ``TensorData`` as inline bytes."""
+    import torch  # noqa: PLC0415 - torch, an engine dependency
+
+    array = tensor.contiguous()
+    message.shape[:] = list(array.shape)
+    message.dtype = str(array.dtype).removeprefix("torch.")
+    message.inline = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
+
+
+async def item_tensor_request(
+    llm: Any, ids: list[int], modality: str, item: Any, *, token: int, encoder_key: str
+) -> pb.GenerateRequest:
+    """What a router sends for vLLM's own processing of one ``item``: the expanded ids, each of
+    the item's tensors batched (``[1, ...]``; ``encoder_key``'s as ``pixel_values``, the others
+    as model-specific tensors), its placeholder and hash."""
+    import torch  # noqa: PLC0415 - torch, an engine dependency
+
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {modality: [item]}}
+    engine_input = await llm.renderer.process_for_engine_async(
+        prompt, time.time(), skip_mm_cache=True
+    )
+    request = generate_request(
+        "vllm",
+        list(engine_input["prompt_token_ids"]),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        ignore_eos=True,
+    )
+    batch = request.mm_inputs
+    batch.modality = MODALITIES[modality]
+    batch.im_token_id = token
+    if encoder_key not in ("pixel_values", "pixel_values_videos"):  # the servicer's defaults
+        batch.encoder_input_key = encoder_key
+    (processed,) = engine_input["mm_kwargs"][modality]
+    for key in processed:
+        stacked = torch.stack([processed[key].data])
+        target = batch.pixel_values if key == encoder_key else batch.model_specific_tensors[key]
+        put_inline(target, stacked)
+        batch.batched_keys.append(key)
+    for placeholder in engine_input["mm_placeholders"][modality]:
+        batch.mm_placeholders.add(offset=placeholder.offset, length=placeholder.length)
+    batch.mm_hashes.extend(engine_input["mm_hashes"][modality])
     return request
 
 
