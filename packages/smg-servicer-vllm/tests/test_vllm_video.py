@@ -6,10 +6,10 @@ the video environment (tools/envs/list: the workspace's, the functional torchvis
 The same clip three ways gives the greedy ids of vLLM's own generation (``AsyncLLM.generate`` of
 the clip as vLLM's loader decodes it, no servicer): router-preprocessed tensors, a media ref
 processed in the worker, a media ref processed by the Redis sidecar. The frame cap
-(``--mm-max-video-frames``) samples a longer clip down (the prompt's placeholder count shows it,
-and the ids are vLLM's with the same cap); a clip over the byte cap is refused before any fetch;
-a clip shorter than the longest the model takes is served as tensors; a seeded fuzz of broken
-video tensors gets answers or INVALID_ARGUMENT, the engine healthy after each."""
+(``SMG_VLLM_MM_MAX_VIDEO_FRAMES``) samples a longer clip down (the prompt's placeholder count
+shows it, and the ids are vLLM's with the same cap); a clip over the byte cap is refused before
+any fetch; a clip shorter than the longest the model takes is served as tensors; a seeded fuzz of
+broken video tensors gets answers or INVALID_ARGUMENT, the engine healthy after each."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from smg_servicer_core.testing.media import data_url
 from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_video_vlm import TinyVideoVlmSpec, cached_tiny_video_vlm
 from smg_servicer_vllm.mm import media_items
-from smg_servicer_vllm.mm_settings import MmSettings
+from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
 from smg_servicer_vllm.testing.multimodal import (
     complete,
     item_reference,
@@ -89,7 +89,10 @@ async def worker(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def capped(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
-    settings = MmSettings(processor="inprocess", source="flag", max_video_frames=CAP)
+    """The cap as an operator sets it: the environment variable, through the launcher's parse."""
+    environ = {"SMG_VLLM_MM_PROCESSOR": "inprocess", "SMG_VLLM_MM_MAX_VIDEO_FRAMES": str(CAP)}
+    settings = resolve_mm_settings(None, environ)
+    assert settings.max_video_frames == CAP
     async with serve_llm(video_llm, settings) as stack:
         yield stack[1]
 
