@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,55 @@ async def _serving(llm: Any, mm_settings: Any = None) -> AsyncIterator[tuple[Any
         await servicer.multimodal.aclose()
         if servicer.metrics_server is not None:
             servicer.metrics_server.close()
+
+
+# One media model's engine and workers (the video and audio modules define ``media_model`` and
+# ``media_limits``, the engine's --limit-mm-per-prompt) ------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def media_llm(media_model: Path, media_limits: dict[str, int]) -> AsyncIterator[Any]:
+    llm = build_llm(media_model, kv_cache_memory_bytes=64 << 20, limit_mm_per_prompt=media_limits)
+    yield llm
+    llm.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def media_worker(media_llm: Any) -> AsyncIterator[Any]:
+    """A worker processing media refs in process (tensors too): its stub."""
+    from smg_servicer_vllm.mm_settings import MmSettings
+
+    async with _serving(media_llm, MmSettings(processor="inprocess", source="flag")) as stack:
+        yield stack[1]
+
+
+@pytest.fixture(scope="module")
+def media_redis() -> Iterator[Any]:
+    from smg_servicer_core.testing.redis_server import RedisServer
+
+    with RedisServer(user="smg-mm", password="m3dia-pa55") as server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def media_via_sidecar(
+    media_llm: Any,
+    media_model: Path,
+    media_limits: dict[str, int],
+    media_redis: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Any]:
+    """A worker whose media refs the Redis sidecar (a real process) processes: its stub."""
+    from smg_servicer_vllm.mm_settings import MmSettings
+    from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
+
+    log = tmp_path_factory.mktemp("media-sidecar") / "sidecar.log"
+    limit = json.dumps(media_limits)
+    sidecar = SidecarProcess(media_model, media_redis.url, *sidecar_args(limit), log_path=log)
+    sidecar.start()
+    try:
+        settings = MmSettings(processor="redis", redis_url=media_redis.url, source="flag")
+        async with _serving(media_llm, settings) as stack:
+            yield stack[1]
+    finally:
+        sidecar.kill()

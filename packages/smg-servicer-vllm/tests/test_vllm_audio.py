@@ -12,7 +12,6 @@ broken audio tensors gets answers or INVALID_ARGUMENT, the engine healthy after 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from smg_it.paths import model_cache
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing.media import data_url
-from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_audio_lm import (
     AUDIO,
     AUDIO_ANCHOR,
@@ -35,14 +33,13 @@ from smg_servicer_core.testing.tiny_audio_lm import (
     cached_tiny_audio_lm,
     wav,
 )
-from smg_servicer_vllm.mm_settings import MmSettings
 from smg_servicer_vllm.testing.multimodal import (
+    chat_ids,
     complete,
     item_reference,
     item_tensor_request,
     media_request,
 )
-from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
@@ -59,65 +56,20 @@ SOUND, OTHER = sound(1.0, seed=0), sound(1.0, seed=1)
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def media_model() -> Path:
     return cached_tiny_audio_lm(model_cache())
 
 
 @pytest.fixture(scope="module")
-def ids(model: Path) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(model))
-
-    def chat(text: str) -> list[int]:
-        return list(
-            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        )
-
-    return {
-        "audio": chat(f"{AUDIO_ANCHOR}what is said?"),
-        "none": chat("what is said?"),
-        AUDIO: int(tokenizer.convert_tokens_to_ids(AUDIO)),
-    }
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def audio_llm(model: Path, make_llm: Any) -> AsyncIterator[Any]:
-    llm = make_llm(model, kv_cache_memory_bytes=64 << 20, limit_mm_per_prompt={"audio": 1})
-    yield llm
-    llm.shutdown()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def worker(audio_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
-    """Media refs processed in the worker; tensors too."""
-    async with serve_llm(audio_llm, MmSettings(processor="inprocess", source="flag")) as stack:
-        yield stack[1]
+def media_limits() -> dict[str, int]:
+    return {"audio": 1}
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer(user="smg-mm", password="aud10-pa55") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sidecar(
-    model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SidecarProcess]:
-    log = tmp_path_factory.mktemp("audio-sidecar") / "sidecar.log"
-    process = SidecarProcess(model, redis_server.url, *sidecar_args(LIMIT), log_path=log)
-    yield process.start()
-    process.kill()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def via_sidecar(
-    audio_llm: Any, serve_llm: Any, redis_server: RedisServer, sidecar: SidecarProcess
-) -> AsyncIterator[Any]:
-    settings = MmSettings(processor="redis", redis_url=redis_server.url, source="flag")
-    async with serve_llm(audio_llm, settings) as stack:
-        yield stack[1]
+def ids(media_model: Path) -> dict[str, Any]:
+    texts = (f"{AUDIO_ANCHOR}what is said?", "what is said?")
+    chat = chat_ids(media_model, *texts, tokens=(AUDIO,))
+    return {"audio": chat[texts[0]], "none": chat[texts[1]], AUDIO: chat[AUDIO]}
 
 
 def decoded(content: bytes) -> Any:
@@ -150,53 +102,53 @@ def positions(request: pb.GenerateRequest, token: int) -> int:
 # The clip three ways -------------------------------------------------------------------------
 
 
-async def test_a_media_ref_gives_vllms_own_ids_for_the_clip(worker, audio_llm, ids) -> None:
-    want, prompt_len = await reference(audio_llm, ids["audio"], SOUND)
-    got = await complete(worker, ref_request(ids["audio"], SOUND))
+async def test_a_media_ref_gives_vllms_own_ids_for_the_clip(media_worker, media_llm, ids) -> None:
+    want, prompt_len = await reference(media_llm, ids["audio"], SOUND)
+    got = await complete(media_worker, ref_request(ids["audio"], SOUND))
     assert list(got.output_ids) == want
     # one second of audio: the anchor's <|AUDIO|> became PER_SECOND positions
     assert got.prompt_tokens == prompt_len == len(ids["audio"]) - 1 + PER_SECOND
     # the clip moves the answer: without it, and with another clip, the ids differ
-    assert (await reference(audio_llm, ids["none"], None))[0] != want
-    other = await complete(worker, ref_request(ids["audio"], OTHER))
-    assert list(other.output_ids) == (await reference(audio_llm, ids["audio"], OTHER))[0]
+    assert (await reference(media_llm, ids["none"], None))[0] != want
+    other = await complete(media_worker, ref_request(ids["audio"], OTHER))
+    assert list(other.output_ids) == (await reference(media_llm, ids["audio"], OTHER))[0]
     assert list(other.output_ids) != want
 
 
-async def test_preprocessed_tensors_give_the_same_ids(worker, audio_llm, ids) -> None:
-    want, prompt_len = await reference(audio_llm, ids["audio"], SOUND)
-    request = await tensor_request(audio_llm, ids, SOUND)
+async def test_preprocessed_tensors_give_the_same_ids(media_worker, media_llm, ids) -> None:
+    want, prompt_len = await reference(media_llm, ids["audio"], SOUND)
+    request = await tensor_request(media_llm, ids, SOUND)
     assert positions(request, ids[AUDIO]) == PER_SECOND
-    got = await complete(worker, request)
+    got = await complete(media_worker, request)
     assert list(got.output_ids) == want
     assert got.prompt_tokens == prompt_len
 
 
-async def test_a_shorter_clip_is_served_as_tensors(worker, audio_llm, ids) -> None:
+async def test_a_shorter_clip_is_served_as_tensors(media_worker, media_llm, ids) -> None:
     # Its embeddings are counted from its own feature mask (vLLM's processor), not taken from
     # the longest clip's.
     short = sound(0.5, seed=2)
-    want, _ = await reference(audio_llm, ids["audio"], short)
-    request = await tensor_request(audio_llm, ids, short)
+    want, _ = await reference(media_llm, ids["audio"], short)
+    request = await tensor_request(media_llm, ids, short)
     assert positions(request, ids[AUDIO]) == PER_SECOND // 2
-    assert list((await complete(worker, request)).output_ids) == want
+    assert list((await complete(media_worker, request)).output_ids) == want
 
 
 async def test_media_refs_through_the_sidecar_give_the_same_ids(
-    via_sidecar, audio_llm, ids
+    media_via_sidecar, media_llm, ids
 ) -> None:
     for content in (SOUND, OTHER):
-        want, prompt_len = await reference(audio_llm, ids["audio"], content)
-        got = await complete(via_sidecar, ref_request(ids["audio"], content))
+        want, prompt_len = await reference(media_llm, ids["audio"], content)
+        got = await complete(media_via_sidecar, ref_request(ids["audio"], content))
         assert list(got.output_ids) == want
         assert got.prompt_tokens == prompt_len
 
 
-async def test_a_clip_at_another_sample_rate_is_refused(worker, ids) -> None:
-    code, details = await answer(worker, ref_request(ids["audio"], sound(1.0, 3, rate=8000)))
+async def test_a_clip_at_another_sample_rate_is_refused(media_worker, ids) -> None:
+    code, details = await answer(media_worker, ref_request(ids["audio"], sound(1.0, 3, rate=8000)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
     assert "resampled with torchaudio" in details
-    assert (await worker.HealthCheck(pb.HealthCheckRequest())).healthy
+    assert (await media_worker.HealthCheck(pb.HealthCheckRequest())).healthy
 
 
 # Broken audio tensors ----------------------------------------------------------------------------
@@ -248,19 +200,19 @@ BAD: dict[str, tuple[Any, str]] = {
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def good(audio_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest, list[int]]:
+async def good(media_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest, list[int]]:
     content = sound(1.0, seed=4)
-    request = await tensor_request(audio_llm, ids, content)
-    return request, (await reference(audio_llm, ids["audio"], content))[0]
+    request = await tensor_request(media_llm, ids, content)
+    return request, (await reference(media_llm, ids["audio"], content))[0]
 
 
-async def test_each_broken_audio_tensor_is_invalid_argument_naming_it(worker, good) -> None:
+async def test_each_broken_audio_tensor_is_invalid_argument_naming_it(media_worker, good) -> None:
     request, want = good
-    await each_fault_is_refused(worker, request, want, BAD)
+    await each_fault_is_refused(media_worker, request, want, BAD)
 
 
 async def test_fuzzed_audio_tensors_get_a_client_fault_or_an_answer_and_the_engine_lives(
-    worker, good
+    media_worker, good
 ) -> None:
     """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_AUDIO_EXAMPLES`` draws): :mod:`smg_it.fuzz_items`
     over :data:`BAD`."""
@@ -268,4 +220,4 @@ async def test_fuzzed_audio_tensors_get_a_client_fault_or_an_answer_and_the_engi
                  "outside the prompt")}  # fmt: skip
     request, want = good
     examples = int(os.environ.get("SMG_FUZZ_AUDIO_EXAMPLES", "120"))
-    await fuzz(worker, request, want, BAD, undone_by=undone_by, examples=examples)
+    await fuzz(media_worker, request, want, BAD, undone_by=undone_by, examples=examples)

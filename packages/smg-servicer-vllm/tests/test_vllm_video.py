@@ -14,7 +14,7 @@ broken video tensors gets answers or INVALID_ARGUMENT, the engine healthy after 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +28,16 @@ from smg_servicer_core.errors import InvalidRequest
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing.media import data_url
-from smg_servicer_core.testing.redis_server import RedisServer
 from smg_servicer_core.testing.tiny_video_vlm import TinyVideoVlmSpec, cached_tiny_video_vlm
 from smg_servicer_vllm.mm import media_items
 from smg_servicer_vllm.mm_settings import MmSettings, resolve_mm_settings
 from smg_servicer_vllm.testing.multimodal import (
+    chat_ids,
     complete,
     item_reference,
     item_tensor_request,
     media_request,
 )
-from smg_servicer_vllm.testing.sidecar import SidecarProcess, sidecar_args
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="session")]
 
@@ -49,76 +48,34 @@ LIMIT = '{"video": 1}'
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def media_model() -> Path:
     if (why := shim_missing()) is not None:
         pytest.fail(why)
     return cached_tiny_video_vlm(model_cache())
 
 
 @pytest.fixture(scope="module")
-def ids(model: Path) -> dict[str, Any]:
-    from transformers import AutoTokenizer
+def media_limits() -> dict[str, int]:
+    return {"video": 1}
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(model))
 
-    def chat(text: str) -> list[int]:
-        return list(
-            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        )
-
+@pytest.fixture(scope="module")
+def ids(media_model: Path) -> dict[str, Any]:
+    chat = chat_ids(media_model, "<video>what happens?", "what happens?", tokens=("<video>",))
     return {
-        "video": chat("<video>what happens?"),
-        "none": chat("what happens?"),
-        "<video>": int(tokenizer.convert_tokens_to_ids("<video>")),
+        "video": chat["<video>what happens?"],
+        "none": chat["what happens?"],
+        "<video>": chat["<video>"],
     }
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def video_llm(model: Path, make_llm: Any) -> AsyncIterator[Any]:
-    llm = make_llm(model, kv_cache_memory_bytes=64 << 20, limit_mm_per_prompt={"video": 1})
-    yield llm
-    llm.shutdown()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def worker(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
-    """Media refs processed in the worker, no frame cap; tensors too."""
-    async with serve_llm(video_llm, MmSettings(processor="inprocess", source="flag")) as stack:
-        yield stack[1]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def capped(video_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
+async def capped(media_llm: Any, serve_llm: Any) -> AsyncIterator[Any]:
     """The cap as an operator sets it: the environment variable, through the launcher's parse."""
     environ = {"SMG_VLLM_MM_PROCESSOR": "inprocess", "SMG_VLLM_MM_MAX_VIDEO_FRAMES": str(CAP)}
     settings = resolve_mm_settings(None, environ)
     assert settings.max_video_frames == CAP
-    async with serve_llm(video_llm, settings) as stack:
-        yield stack[1]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer(user="smg-mm", password="v1de0-pa55") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sidecar(
-    model: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SidecarProcess]:
-    log = tmp_path_factory.mktemp("video-sidecar") / "sidecar.log"
-    process = SidecarProcess(model, redis_server.url, *sidecar_args(LIMIT), log_path=log)
-    yield process.start()
-    process.kill()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def via_sidecar(
-    video_llm: Any, serve_llm: Any, redis_server: RedisServer, sidecar: SidecarProcess
-) -> AsyncIterator[Any]:
-    settings = MmSettings(processor="redis", redis_url=redis_server.url, source="flag")
-    async with serve_llm(video_llm, settings) as stack:
+    async with serve_llm(media_llm, settings) as stack:
         yield stack[1]
 
 
@@ -153,44 +110,46 @@ def positions(request: pb.GenerateRequest, token: int) -> int:
 # The clip three ways -------------------------------------------------------------------------
 
 
-async def test_a_media_ref_gives_vllms_own_ids_for_the_clip(worker, video_llm, ids) -> None:
-    want, prompt_len = await reference(video_llm, ids["video"], decoded(CLIP))
-    got = await complete(worker, ref_request(ids["video"], CLIP))
+async def test_a_media_ref_gives_vllms_own_ids_for_the_clip(media_worker, media_llm, ids) -> None:
+    want, prompt_len = await reference(media_llm, ids["video"], decoded(CLIP))
+    got = await complete(media_worker, ref_request(ids["video"], CLIP))
     assert list(got.output_ids) == want
     # every frame fills its positions: the anchor became FRAMES x PER_FRAME video tokens
     assert got.prompt_tokens == prompt_len == len(ids["video"]) - 1 + FRAMES * PER_FRAME
     # the clip moves the answer: without it, and with another clip, the ids differ
-    assert (await reference(video_llm, ids["none"]))[0] != want
-    other = await complete(worker, ref_request(ids["video"], OTHER))
-    assert list(other.output_ids) == (await reference(video_llm, ids["video"], decoded(OTHER)))[0]
+    assert (await reference(media_llm, ids["none"]))[0] != want
+    other = await complete(media_worker, ref_request(ids["video"], OTHER))
+    assert list(other.output_ids) == (await reference(media_llm, ids["video"], decoded(OTHER)))[0]
     assert list(other.output_ids) != want
 
 
-async def test_preprocessed_tensors_give_the_same_ids(worker, video_llm, ids) -> None:
+async def test_preprocessed_tensors_give_the_same_ids(media_worker, media_llm, ids) -> None:
     video = decoded(CLIP)
-    want, prompt_len = await reference(video_llm, ids["video"], video)
-    request = await tensor_request(video_llm, ids["video"], video, ids["<video>"])
+    want, prompt_len = await reference(media_llm, ids["video"], video)
+    request = await tensor_request(media_llm, ids["video"], video, ids["<video>"])
     assert positions(request, ids["<video>"]) == FRAMES * PER_FRAME
-    got = await complete(worker, request)
+    got = await complete(media_worker, request)
     assert list(got.output_ids) == want
     assert got.prompt_tokens == prompt_len
 
 
-async def test_a_clip_shorter_than_the_longest_is_served_as_tensors(worker, video_llm, ids) -> None:
+async def test_a_clip_shorter_than_the_longest_is_served_as_tensors(
+    media_worker, media_llm, ids
+) -> None:
     # The layout is learnt from clips of several lengths: one length alone refused every other.
     short = decoded(clip(SHORT, seed=2))
-    want, _ = await reference(video_llm, ids["video"], short)
-    request = await tensor_request(video_llm, ids["video"], short, ids["<video>"])
+    want, _ = await reference(media_llm, ids["video"], short)
+    request = await tensor_request(media_llm, ids["video"], short, ids["<video>"])
     assert positions(request, ids["<video>"]) == SHORT * PER_FRAME
-    assert list((await complete(worker, request)).output_ids) == want
+    assert list((await complete(media_worker, request)).output_ids) == want
 
 
 async def test_media_refs_through_the_sidecar_give_the_same_ids(
-    via_sidecar, worker, video_llm, ids
+    media_via_sidecar, media_llm, ids
 ) -> None:
     for content in (CLIP, OTHER):
-        want, prompt_len = await reference(video_llm, ids["video"], decoded(content))
-        got = await complete(via_sidecar, ref_request(ids["video"], content))
+        want, prompt_len = await reference(media_llm, ids["video"], decoded(content))
+        got = await complete(media_via_sidecar, ref_request(ids["video"], content))
         assert list(got.output_ids) == want
         assert got.prompt_tokens == prompt_len
 
@@ -198,8 +157,8 @@ async def test_media_refs_through_the_sidecar_give_the_same_ids(
 # The caps ----------------------------------------------------------------------------------------
 
 
-async def test_the_frame_cap_samples_a_longer_clip_down(capped, video_llm, ids) -> None:
-    want, prompt_len = await reference(video_llm, ids["video"], decoded(CLIP, CAP))
+async def test_the_frame_cap_samples_a_longer_clip_down(capped, media_llm, ids) -> None:
+    want, prompt_len = await reference(media_llm, ids["video"], decoded(CLIP, CAP))
     got = await complete(capped, ref_request(ids["video"], CLIP))
     assert got.prompt_tokens == prompt_len == len(ids["video"]) - 1 + CAP * PER_FRAME
     assert list(got.output_ids) == want
@@ -266,19 +225,19 @@ BAD: dict[str, tuple[Any, str]] = {
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def good(video_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest, list[int]]:
+async def good(media_llm: Any, ids: dict[str, Any]) -> tuple[pb.GenerateRequest, list[int]]:
     video = decoded(clip(3, seed=4))
-    request = await tensor_request(video_llm, ids["video"], video, ids["<video>"])
-    return request, (await reference(video_llm, ids["video"], video))[0]
+    request = await tensor_request(media_llm, ids["video"], video, ids["<video>"])
+    return request, (await reference(media_llm, ids["video"], video))[0]
 
 
-async def test_each_broken_video_tensor_is_invalid_argument_naming_it(worker, good) -> None:
+async def test_each_broken_video_tensor_is_invalid_argument_naming_it(media_worker, good) -> None:
     request, want = good
-    await each_fault_is_refused(worker, request, want, BAD)
+    await each_fault_is_refused(media_worker, request, want, BAD)
 
 
 async def test_fuzzed_video_tensors_get_a_client_fault_or_an_answer_and_the_engine_lives(
-    worker, good
+    media_worker, good
 ) -> None:
     """Seeded (``SMG_FUZZ_SEED``; ``SMG_FUZZ_VIDEO_EXAMPLES`` draws): :mod:`smg_it.fuzz_items`
     over :data:`BAD`."""
@@ -289,4 +248,4 @@ async def test_fuzzed_video_tensors_get_a_client_fault_or_an_answer_and_the_engi
     }
     examples = int(os.environ.get("SMG_FUZZ_VIDEO_EXAMPLES", "200"))
     request, want = good
-    await fuzz(worker, request, want, BAD, undone_by=undone_by, examples=examples)
+    await fuzz(media_worker, request, want, BAD, undone_by=undone_by, examples=examples)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,45 @@ def save_weights(
     for name, std in redraw.items():
         tensors[name] = torch.randn(tensors[name].shape, generator=draw) * std
     safetensors.save_file(tensors, str(weights), metadata={"format": "pt"})
+
+
+def dump(path: Path, obj: Any) -> None:
+    """``obj`` as indented JSON."""
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def text_config(model_type: str, vocab: int, hidden: int) -> dict[str, Any]:
+    """The two-layer text model of the tiny media models (``llama`` or ``qwen2``)."""
+    return {
+        "model_type": model_type, "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": 2 * hidden, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": hidden // 2, "hidden_act": "silu",
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "bos_token_id": 0,
+        "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    }  # fmt: skip
+
+
+def redrawn(out: Path, model_class: str, seed: int, std: float) -> Any:
+    """transformers' ``model_class`` for the config in ``out``, initialised under
+    ``torch.manual_seed(seed)``, every matrix redrawn normal(0, ``std``) so that the media move
+    the answer."""
+    torch, transformers = untyped("torch"), untyped("transformers")
+    config = transformers.AutoConfig.from_pretrained(str(out))
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, std)
+    return model
+
+
+def main_of(module: str, make: Any, argv: list[str] | None) -> int:
+    """``python -m smg_servicer_core.testing.MODULE OUT_DIR``: ``make(OUT_DIR)``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print(f"usage: python -m smg_servicer_core.testing.{module} OUT_DIR", file=sys.stderr)
+        return 2
+    print(make(args[0]))
+    return 0

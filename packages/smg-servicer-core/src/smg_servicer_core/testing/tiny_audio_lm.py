@@ -24,7 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.testing.hf_vlm import media_tokenizer, save_weights, untyped
+from smg_servicer_core.testing.hf_vlm import (
+    dump,
+    main_of,
+    media_tokenizer,
+    redrawn,
+    save_weights,
+    text_config,
+    untyped,
+)
 from smg_servicer_core.testing.tiny_model import build_once
 
 AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
@@ -61,19 +69,8 @@ class TinyAudioLmSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _dump(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
 def _config(spec: TinyAudioLmSpec, ids: dict[str, int]) -> dict[str, Any]:
-    text = {
-        "model_type": "qwen2", "vocab_size": spec.vocab, "hidden_size": spec.hidden,
-        "intermediate_size": 2 * spec.hidden, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": spec.hidden // 2, "hidden_act": "silu",
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "bos_token_id": 0,
-        "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    }  # fmt: skip
+    text = text_config("qwen2", spec.vocab, spec.hidden)
     audio = {
         "model_type": "qwen2_audio_encoder", "num_mel_bins": 80, "encoder_layers": 1,
         "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
@@ -89,14 +86,14 @@ def _config(spec: TinyAudioLmSpec, ids: dict[str, int]) -> dict[str, Any]:
 
 def _processor_files(out: Path, spec: TinyAudioLmSpec) -> None:
     samples = SAMPLE_RATE * spec.window_s
-    _dump(
+    dump(
         out / "preprocessor_config.json",
         {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80,
          "sampling_rate": SAMPLE_RATE, "hop_length": 160, "chunk_length": spec.window_s,
          "n_fft": 400, "n_samples": samples, "nb_max_frames": samples // 160,
          "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True},
     )  # fmt: skip
-    _dump(
+    dump(
         out / "processor_config.json",
         {"processor_class": "Qwen2AudioProcessor", "audio_token": AUDIO,
          "audio_bos_token": AUDIO_BOS, "audio_eos_token": AUDIO_EOS},
@@ -105,26 +102,19 @@ def _processor_files(out: Path, spec: TinyAudioLmSpec) -> None:
 
 def make_tiny_audio_lm(out_dir: str | Path, spec: TinyAudioLmSpec | None = None) -> Path:
     """Write the model to ``out_dir`` (created) and return it."""
-    torch, transformers = untyped("torch"), untyped("transformers")
     spec = spec or TinyAudioLmSpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = media_tokenizer(out, spec.seed, (AUDIO, AUDIO_BOS, AUDIO_EOS), CHAT_TEMPLATE)
-    _dump(out / "config.json", _config(spec, ids))
+    dump(out / "config.json", _config(spec, ids))
     _processor_files(out, spec)
-    config = transformers.AutoConfig.from_pretrained(str(out))
-    torch.manual_seed(spec.seed)
-    model = transformers.Qwen2AudioForConditionalGeneration(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, spec.std)
+    model = redrawn(out, "Qwen2AudioForConditionalGeneration", spec.seed, spec.std)
     # transformers 5 saves the text model under language_model.model.model.; vLLM loads the
     # released checkpoints' language_model.model.
     save_weights(
         model, out, {}, spec.seed, (("language_model.model.model.", "language_model.model."),)
     )
-    _dump(out / "config.json", _config(spec, ids))  # save_pretrained rewrote it
+    dump(out / "config.json", _config(spec, ids))  # save_pretrained rewrote it
     return out
 
 
@@ -149,12 +139,7 @@ def wav(samples: Any, rate: int = SAMPLE_RATE) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m smg_servicer_core.testing.tiny_audio_lm OUT_DIR", file=sys.stderr)
-        return 2
-    print(make_tiny_audio_lm(args[0]))
-    return 0
+    return main_of("tiny_audio_lm", make_tiny_audio_lm, argv)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 
 from smg_servicer_core.testing.hf_vlm import (
     chatml_template,
+    main_of,
     media_tokenizer,
     save_weights,
     untyped,
@@ -149,12 +150,7 @@ def cached_tiny_gemma3(cache_root: str | Path, spec: TinyGemma3Spec | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m smg_servicer_core.testing.tiny_gemma3 OUT_DIR", file=sys.stderr)
-        return 2
-    print(make_tiny_gemma3(args[0]))
-    return 0
+    return main_of("tiny_gemma3", make_tiny_gemma3, argv)
 
 
 if __name__ == "__main__":

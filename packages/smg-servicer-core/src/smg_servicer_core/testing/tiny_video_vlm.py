@@ -24,7 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from smg_servicer_core.testing.hf_vlm import media_tokenizer, save_weights, untyped
+from smg_servicer_core.testing.hf_vlm import (
+    dump,
+    main_of,
+    media_tokenizer,
+    redrawn,
+    save_weights,
+    text_config,
+)
 from smg_servicer_core.testing.tiny_model import build_once
 
 IMAGE, VIDEO = "<image>", "<video>"
@@ -57,19 +64,8 @@ class TinyVideoVlmSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _dump(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
 def _config(spec: TinyVideoVlmSpec, ids: dict[str, int]) -> dict[str, Any]:
-    text = {
-        "model_type": "llama", "vocab_size": spec.vocab, "hidden_size": spec.hidden,
-        "intermediate_size": 2 * spec.hidden, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": spec.hidden // 2, "hidden_act": "silu",
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "bos_token_id": 0,
-        "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    }  # fmt: skip
+    text = text_config("llama", spec.vocab, spec.hidden)
     vision = {
         "model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": spec.frame_size,
@@ -95,16 +91,16 @@ def _processor_files(out: Path, spec: TinyVideoVlmSpec) -> None:
         "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3,
         "image_std": [0.5] * 3, "do_convert_rgb": True, "resample": 3,
     }  # fmt: skip
-    _dump(
+    dump(
         out / "preprocessor_config.json",
         {"image_processor_type": "LlavaNextImageProcessor",
          "image_grid_pinpoints": [[edge, edge]], **common},
     )  # fmt: skip
-    _dump(
+    dump(
         out / "video_preprocessor_config.json",
         {"video_processor_type": "LlavaNextVideoVideoProcessor", **common},
     )
-    _dump(
+    dump(
         out / "processor_config.json",
         {"processor_class": "LlavaNextVideoProcessor", "patch_size": spec.patch,
          "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
@@ -113,22 +109,15 @@ def _processor_files(out: Path, spec: TinyVideoVlmSpec) -> None:
 
 def make_tiny_video_vlm(out_dir: str | Path, spec: TinyVideoVlmSpec | None = None) -> Path:
     """Write the model to ``out_dir`` (created) and return it."""
-    torch, transformers = untyped("torch"), untyped("transformers")
     spec = spec or TinyVideoVlmSpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = media_tokenizer(out, spec.seed, (IMAGE, VIDEO), CHAT_TEMPLATE)
-    _dump(out / "config.json", _config(spec, ids))
+    dump(out / "config.json", _config(spec, ids))
     _processor_files(out, spec)
-    config = transformers.AutoConfig.from_pretrained(str(out))
-    torch.manual_seed(spec.seed)
-    model = transformers.LlavaNextVideoForConditionalGeneration(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, spec.std)
+    model = redrawn(out, "LlavaNextVideoForConditionalGeneration", spec.seed, spec.std)
     save_weights(model, out, {}, spec.seed)
-    _dump(out / "config.json", _config(spec, ids))  # save_pretrained rewrote it
+    dump(out / "config.json", _config(spec, ids))  # save_pretrained rewrote it
     return out
 
 
@@ -140,12 +129,7 @@ def cached_tiny_video_vlm(cache_root: str | Path, spec: TinyVideoVlmSpec | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m smg_servicer_core.testing.tiny_video_vlm OUT_DIR", file=sys.stderr)
-        return 2
-    print(make_tiny_video_vlm(args[0]))
-    return 0
+    return main_of("tiny_video_vlm", make_tiny_video_vlm, argv)
 
 
 if __name__ == "__main__":

@@ -17,21 +17,25 @@ MAX_TOKENS = 8
 MODALITIES = {"image": common_pb2.IMAGE, "video": common_pb2.VIDEO, "audio": common_pb2.AUDIO}
 
 
-def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
-    """Chat prompts with zero, one and two ``<image>`` anchors, plus the image token ids."""
+def chat_ids(model: Path, *texts: str, tokens: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Each text as one ChatML user turn's ids (the tiny models' template), and each of
+    ``tokens``' id."""
     from transformers import AutoTokenizer  # noqa: PLC0415 - transformers, an engine dependency
 
-    tokenizer = cast(Any, AutoTokenizer).from_pretrained(str(tiny_vlm))
+    tokenizer = cast(Any, AutoTokenizer).from_pretrained(str(model))
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    ids: dict[str, Any] = {text: list(tokenizer.encode(turn.format(text))) for text in texts}
+    return ids | {token: int(tokenizer.convert_tokens_to_ids(token)) for token in tokens}
 
-    def chat(text: str) -> list[int]:
-        return list(
-            tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        )
 
+def vlm_prompts(tiny_vlm: Path) -> dict[str, Any]:
+    """Chat prompts with zero, one and two ``<image>`` anchors, plus the image token ids."""
+    texts = ("<image>describe this", "<image> and <image>: which?", "no image here")
+    chat = chat_ids(tiny_vlm, *texts)
     return {
-        "one": chat("<image>describe this"),
-        "two": chat("<image> and <image>: which?"),
-        "none": chat("no image here"),
+        "one": chat[texts[0]],
+        "two": chat[texts[1]],
+        "none": chat[texts[2]],
         **image_token_ids(tiny_vlm),
     }
 
