@@ -99,13 +99,12 @@ async def item_reference(
 
 
 def put_inline(message: Any, tensor: Any) -> None:
-    """``tensor`` (torch) into a ``TensorData`` as inline bytes."""
-    import torch  # noqa: PLC0415 - torch, an engine dependency
-
+    """``tensor`` (torch, of a dtype numpy has: not bfloat16) into a ``TensorData`` as inline
+    bytes."""
     array = tensor.contiguous()
     message.shape[:] = list(array.shape)
     message.dtype = str(array.dtype).removeprefix("torch.")
-    message.inline = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
+    message.inline = array.numpy().tobytes()
 
 
 async def item_tensor_request(
@@ -114,8 +113,6 @@ async def item_tensor_request(
     """What a router sends for vLLM's own processing of one ``item``: the expanded ids, each of
     the item's tensors batched (``[1, ...]``; ``encoder_key``'s as ``pixel_values``, the others
     as model-specific tensors), its placeholder and hash."""
-    import torch  # noqa: PLC0415 - torch, an engine dependency
-
     prompt = {"prompt_token_ids": ids, "multi_modal_data": {modality: [item]}}
     engine_input = await llm.renderer.process_for_engine_async(
         prompt, time.time(), skip_mm_cache=True
@@ -134,7 +131,7 @@ async def item_tensor_request(
         batch.encoder_input_key = encoder_key
     (processed,) = engine_input["mm_kwargs"][modality]
     for key in processed:
-        stacked = torch.stack([processed[key].data])
+        stacked = processed[key].data.unsqueeze(0)
         target = batch.pixel_values if key == encoder_key else batch.model_specific_tensors[key]
         put_inline(target, stacked)
         batch.batched_keys.append(key)
