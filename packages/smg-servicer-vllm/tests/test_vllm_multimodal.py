@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
-from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from smg_it.fuzz_mm import to_shm
 from smg_servicer_core.proto import common_pb2
 from smg_servicer_core.proto import vllm_engine_pb2 as pb
 from smg_servicer_core.testing import generate_request
@@ -28,6 +28,7 @@ from smg_servicer_vllm.testing.multimodal import (
     complete,
     media_request,
     pil,
+    put_inline,
     reference,
     vlm_prompts,
 )
@@ -303,20 +304,9 @@ def still_there(name: str) -> bool:
 
 def put_tensor(message: Any, tensor: Any, shm: list[Any] | None) -> None:
     """``tensor`` into a ``TensorData``: inline bytes, or a new shared-memory segment."""
-    import torch
-
-    array = tensor.contiguous()
-    message.shape.extend(list(array.shape))
-    message.dtype = str(array.dtype).removeprefix("torch.")
-    raw = array.view(torch.uint8).numpy().tobytes() if array.numel() else b""
-    if shm is None:
-        message.inline = raw
-        return
-    segment = shared_memory.SharedMemory(create=True, size=max(len(raw), 1))
-    assert segment.buf is not None
-    segment.buf[: len(raw)] = raw
-    shm.append(segment)
-    message.shm.name, message.shm.offset, message.shm.nbytes = segment.name, 0, len(raw)
+    put_inline(message, tensor)
+    if shm is not None:
+        to_shm(message, shm)
 
 
 def tensor_request(
