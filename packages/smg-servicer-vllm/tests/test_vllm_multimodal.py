@@ -315,13 +315,7 @@ def tensor_request(
     """The request a router sends for vLLM's processed input: expanded ids plus the tensors."""
     import torch
 
-    request = generate_request(
-        "vllm",
-        list(engine_input["prompt_token_ids"]),
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        ignore_eos=True,
-    )
+    request = media_request(list(engine_input["prompt_token_ids"]))
     items = engine_input["mm_kwargs"]["image"]
     batch = request.mm_inputs
     batch.modality = common_pb2.IMAGE

@@ -117,13 +117,7 @@ async def item_tensor_request(
     engine_input = await llm.renderer.process_for_engine_async(
         prompt, time.time(), skip_mm_cache=True
     )
-    request = generate_request(
-        "vllm",
-        list(engine_input["prompt_token_ids"]),
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        ignore_eos=True,
-    )
+    request = media_request(list(engine_input["prompt_token_ids"]))
     batch = request.mm_inputs
     batch.modality = MODALITIES[modality]
     batch.im_token_id = token
