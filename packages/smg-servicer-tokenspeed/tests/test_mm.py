@@ -80,11 +80,19 @@ def test_invalid_items(req: pb.GenerateRequest, text: str) -> None:
     assert text in err.value.message
 
 
-def test_only_epd_prefill_may_omit_the_encoder_input() -> None:
+def test_only_epd_prefill_and_pd_decode_may_omit_the_encoder_input() -> None:
     bare = pb.MultimodalItem(modality=common_pb2.IMAGE,
                              placeholders=[pb.PlaceholderRange(offset=1, length=2)])  # fmt: skip
     with pytest.raises(InvalidRequest, match="encoder_input is required"):
         mm.items(request(bare))
+    # A decode worker's KV comes from its prefill (kv_bootstrap_info): it encodes nothing.
+    kv = pb.KvBootstrapInfo(bootstrap_host="h", bootstrap_port=1, bootstrap_room=7)
+    got = mm.items(request(bare, kv_bootstrap_info=kv), decode_role=True)
+    assert got is not None and got[0].feature is None and got[0].offsets == [(1, 2)]
+    with pytest.raises(InvalidRequest, match="encoder_input is required"):
+        mm.items(request(bare, kv_bootstrap_info=kv))  # a prefill encodes its own pixels
+    with pytest.raises(InvalidRequest, match="encoder_input is required"):
+        mm.items(request(bare), decode_role=True)  # a decode with no prefill behind it
     rooms = pb.EncodeBootstrapInfo(
         items=[pb.EncodeItemBootstrapInfo(item_index=0, bootstrap_host="h", bootstrap_port=1,
                                           bootstrap_room=5)]

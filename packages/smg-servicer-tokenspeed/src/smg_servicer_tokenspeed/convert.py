@@ -51,6 +51,9 @@ class Limits:
 
     vocab_size: int
     context_length: int
+    #: A PD decode worker (``--disaggregation-mode decode``): a request's KV comes from its
+    #: prefill, so its multimodal items may come without their encoder input.
+    decode_role: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def generate_specs(request: pb.GenerateRequest, limits: Limits) -> list[ChildSpe
     if rank is not None and rank < 0:
         raise InvalidRequest(f"data_parallel_rank must not be negative, got {rank}")
     start = request.logprob_start_len if request.HasField("logprob_start_len") else None
-    items = mm.items(request)
+    items = mm.items(request, limits.decode_role)
     specs: list[ChildSpec] = []
     for index in range(n):
         child = dict(values)

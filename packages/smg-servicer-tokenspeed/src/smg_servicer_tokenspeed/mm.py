@@ -56,7 +56,7 @@ def _grid_rule(modality: str, names: set[str], where: str) -> None:
         raise InvalidRequest(f"{where}: an audio item carries no grid")
 
 
-def _item(item: pb.MultimodalItem, index: int, prompt_len: int | None, epd: bool) -> MmItem:
+def _item(item: pb.MultimodalItem, index: int, prompt_len: int | None, featureless: bool) -> MmItem:
     where = f"mm_inputs.items[{index}]"
     modality = MODALITIES.get(int(item.modality))  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
     if modality is None:
@@ -76,10 +76,13 @@ def _item(item: pb.MultimodalItem, index: int, prompt_len: int | None, epd: bool
     _grid_rule(modality, names, where)
     if item.HasField("encoder_input"):
         feature: RawTensor | None = read_tensor(item.encoder_input, f"{where}.encoder_input")
-    elif epd:
+    elif featureless:
         feature = None
     else:
-        raise InvalidRequest(f"{where}: encoder_input is required (EPD prefill items only omit it)")
+        raise InvalidRequest(
+            f"{where}: encoder_input is required (only an EPD prefill, whose embedding comes from "
+            "the encode worker, and a PD decode, whose KV comes from the prefill, omit it)"
+        )
     tensors = {
         name: read_tensor(item.model_specific_tensors[name], f"{where}.{name}")
         for name in sorted(names)
@@ -97,9 +100,14 @@ def _item(item: pb.MultimodalItem, index: int, prompt_len: int | None, epd: bool
     )
 
 
-def items(request: pb.GenerateRequest) -> list[MmItem] | None:
-    """The request's multimodal items (None: a text request)."""
+def items(request: pb.GenerateRequest, decode_role: bool = False) -> list[MmItem] | None:
+    """The request's multimodal items (None: a text request). An item's encoder input may be
+    left out where nothing on this worker encodes it: an EPD prefill (``encode_bootstrap_info``:
+    the encode worker sends the embedding) and, on a decode worker (``decode_role``), a request
+    whose KV a prefill sends (``kv_bootstrap_info``). The decode still needs the items' spans,
+    hashes and grids: TokenSpeed pads the prompt and computes M-RoPE positions from them."""
     epd = request.HasField("encode_bootstrap_info")
+    featureless = epd or (decode_role and request.HasField("kv_bootstrap_info"))
     if not request.HasField("mm_inputs"):
         if epd:
             raise InvalidRequest("encode_bootstrap_info needs mm_inputs")
@@ -107,7 +115,9 @@ def items(request: pb.GenerateRequest) -> list[MmItem] | None:
     if not request.mm_inputs.items:
         raise InvalidRequest("mm_inputs must carry at least one item")
     prompt_len = len(request.tokenized.input_ids)
-    out = [_item(item, i, prompt_len, epd) for i, item in enumerate(request.mm_inputs.items)]
+    out = [
+        _item(item, i, prompt_len, featureless) for i, item in enumerate(request.mm_inputs.items)
+    ]
     tokens: dict[str, int] = {}
     for item in out:
         if item.placeholder_token_id is None:
@@ -149,7 +159,7 @@ def encode_item(request: Any) -> tuple[MmItem, int]:
             f"an encode request carries exactly one item and one room assignment, got {count} "
             f"item(s) and {rooms} assignment(s)"
         )
-    item = _item(request.mm_inputs.items[0], 0, None, epd=False)
+    item = _item(request.mm_inputs.items[0], 0, None, featureless=False)
     room = int(request.items[0].bootstrap_room)
     if room < 0:
         raise InvalidRequest(f"bootstrap_room must be >= 0, got {room}")

@@ -175,6 +175,7 @@ class TokenSpeedServicer(EngineServicer, tokenspeed_scheduler_pb2_grpc.TokenSpee
         self.limits = Limits(
             vocab_size=int(self.facts["vocab_size"]),
             context_length=int(self.facts["context_length"]),
+            decode_role=ts.disaggregation_mode(self.server_args) == "decode",
         )
         self.dp_size = ts.dp_size(self.server_args)
         self.feature_dtype = str(self.scheduler_info.get("multimodal_encoder_dtype") or "")

@@ -58,32 +58,52 @@ def headless_command(model: Path, worker_url: str, *extra: str, python: Path) ->
 MULTIMODAL_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 
 
-def tiny_multimodal(text_model: Path, dest: Path) -> Path:
-    """A config-only tiny Qwen3.5 (vision + text) checkpoint in ``dest``, with ``text_model``'s
-    tokenizer: enough for TokenSpeed's front end to start an encode worker (it refuses a text
-    model: "disaggregation_mode=encode requires a multimodal checkpoint") while the stand-in
-    runs no tower. Needs transformers (any TokenSpeed environment has it)."""
-    import shutil  # noqa: PLC0415
+#: Qwen3.5's vision tokens, as its tokenizer spells them; an image renders as the first three.
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+#: The tiny checkpoint's pictures: 14-pixel patches merged 2 x 2, so a 56 x 56 picture is a
+#: 1 x 4 x 4 grid of 16 patches and 4 positions in the prompt.
+PATCH, MERGE = 14, 2
 
+
+def tiny_multimodal(dest: Path, seed: int = 0) -> Path:
+    """A config-only tiny Qwen3.5 (vision + text) checkpoint in ``dest``: the tiny text model's
+    tokenizer (``seed``) with Qwen3.5's vision tokens, a chat template that renders an image
+    part as ``<|vision_start|><|image_pad|><|vision_end|>``, and a Qwen2-VL image processor
+    config (what the router preprocesses a picture with: ``qwen3_vl``, which takes
+    ``qwen3_5``). Enough for TokenSpeed's front end to start every EPD role (it refuses a text
+    model: "disaggregation_mode=encode requires a multimodal checkpoint") while the stand-ins
+    run no tower. Needs transformers (any TokenSpeed environment has it)."""
     from transformers import Qwen3_5Config  # noqa: PLC0415  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
 
-    text = json.loads((text_model / "config.json").read_text())
+    from smg_servicer_core.testing.hf_vlm import chatml_template, media_tokenizer  # noqa: PLC0415
+
+    dest.mkdir(parents=True, exist_ok=True)
+    image = "".join(VISION_TOKENS[:3])
+    ids = media_tokenizer(dest, seed, VISION_TOKENS, chatml_template(image))
+    start, pad, end, video = (ids[t] for t in VISION_TOKENS)
     config: Any = Qwen3_5Config(
         text_config={
-            "vocab_size": text["vocab_size"], "hidden_size": 64, "intermediate_size": 128,
+            "vocab_size": max(ids.values()) + 1, "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "max_position_embeddings": 1024,
         },
         vision_config={
             "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+            "out_hidden_size": 64, "patch_size": PATCH, "spatial_merge_size": MERGE,
             "temporal_patch_size": 2,
         },
+        image_token_id=pad, video_token_id=video, vision_start_token_id=start,
+        vision_end_token_id=end,
     )  # fmt: skip
     config.architectures = [MULTIMODAL_ARCHITECTURE]
-    dest.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(dest)
-    for path in text_model.iterdir():
-        if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
-            shutil.copy(path, dest / path.name)
+    pixels = (PATCH * MERGE) ** 2  # one merged position's pixels
+    processor = {
+        "image_processor_type": "Qwen2VLImageProcessor", "patch_size": PATCH,
+        "merge_size": MERGE, "temporal_patch_size": 2, "min_pixels": pixels,
+        "max_pixels": 4 * pixels, "size": {"shortest_edge": pixels, "longest_edge": 4 * pixels},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+    }  # fmt: skip
+    (dest / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     return dest

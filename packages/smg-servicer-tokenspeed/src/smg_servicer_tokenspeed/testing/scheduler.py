@@ -25,10 +25,11 @@ sockets and answers with TokenSpeed's ``io_struct`` messages:
   finishes at once with ``{"type": "abort", "status_code": status, "message": ...}``, as the real
   scheduler refuses a request it cannot serve.
 
-With ``--disaggregation-mode encode`` it stands in for TokenSpeed's encode loop
-(``run_encode_loop``, :class:`EncodeStandIn`) instead: the encode loop's ready dict (no KV pool),
-each ``EncodeRequest`` taken and recorded (its bootstrap and items), every other message dropped
-with a warning and no reply, as the real loop does; no load snapshot.
+With ``--disaggregation-mode encode`` the process runs TokenSpeed's own encode loop
+(``run_encode_loop``) with its vision tower stood in, each ``EncodeRequest`` recorded (its
+bootstrap and items); with the option ``epd_transfer`` a prefill receives the embeddings with
+TokenSpeed's own admission, and with ``handoff_dir`` the decode continues from its prefill
+(:mod:`.epd`: what runs and what is stood in).
 
 Under ``--zmq-msgpack`` (what ``ts serve --headless`` and our headless launcher set, the router's
 direct ZMQ lane) it dials the router through TokenSpeed's own ``zmq_msgpack.connect_msgpack_engine``
@@ -39,7 +40,7 @@ sends the dead-engine sentinel, as the real loop does.
 
 Every message it receives is appended as one JSON line to ``record`` (when set), which is how
 tests see that an abort reached the scheduler. Options come from ``SMG_TS_STANDIN`` (a JSON object:
-``step_ms``, ``record``, ``crash_prefix``, ``refuse``).
+``step_ms``, ``record``, ``crash_prefix``, ``refuse``, ``epd_transfer``, ``handoff_dir``).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ class StandIn:
         }
 
     def _record(self, entry: dict[str, Any]) -> None:
-        _append(self.record_path, entry)
+        append_entry(self.record_path, entry)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -218,9 +219,11 @@ class StandIn:
         poller = self.zmq.Poller()
         poller.register(self.pull, self.zmq.POLLIN)
         while not self.stopping:
-            timeout_ms = int((self.step_s if self.running else HEARTBEAT_S) * 1000) or 1
+            busy = self.running or self.holding()
+            timeout_ms = int((self.step_s if busy else HEARTBEAT_S) * 1000) or 1
             if poller.poll(timeout_ms):
                 self.receive()
+            self.tick()
             if self.running and self.paused in (None, "wait"):
                 self.step()
             if self.pause_reply_due and not self.running:
@@ -309,6 +312,26 @@ class StandIn:
             self.pause_reply_due = True
         else:
             self.sender.send_pyobj(self.io.PauseSchedulerReqOutput(success=True))
+
+    def holding(self) -> bool:
+        """Whether requests wait outside ``running`` (a subclass's; none here)."""
+        return False
+
+    def tick(self) -> None:
+        """Once a loop pass: a subclass admits what it holds."""
+
+    def generate_salted(self, obj: Any, salt: int) -> None:
+        """``generate``, its tokens salted (what a request received changes its answer)."""
+        StandIn.generate(self, obj)  # not a subclass's: this request is admitted
+        req = self.running.get(str(obj.rid))
+        if req is not None:
+            req.seed ^= salt
+
+    def refuse_now(self, obj: Any, message: str) -> None:
+        """End a request at once, as the scheduler aborts one it cannot run."""
+        rid = str(obj.rid)
+        aborted = {"type": "abort", "status_code": 503, "message": message}
+        self.emit([(_Req(rid, list(obj.input_ids or []), 0, 0, set(), False), [], aborted)])
 
     def generate(self, obj: Any) -> None:
         rid = str(obj.rid)
@@ -477,77 +500,11 @@ class StandIn:
         self.loads.send(frames[0], flags=self.zmq.NOBLOCK)
 
 
-def _spans(offsets: list[tuple[int, int]] | None) -> list[list[int]]:
-    return [[int(start), int(end)] for start, end in offsets or []]
-
-
-def _append(path: Path | None, entry: dict[str, Any]) -> None:
+def append_entry(path: Path | None, entry: dict[str, Any]) -> None:
     if path is None:
         return
     with path.open("a") as fh:
         fh.write(json.dumps(entry) + "\n")
-
-
-class EncodeStandIn:
-    """TokenSpeed's encode loop as its front end meets it (``epd.encode_loop.run_encode_loop``):
-    the vision tower and the embedding transfer are what it leaves out."""
-
-    def __init__(self, server_args: Any, port_args: Any, options: dict[str, Any]) -> None:
-        worker = importlib.import_module("tokenspeed.runtime.epd.encode_worker")
-        self.request_type: type[Any] = worker.EncodeRequest
-        self.context = int(getattr(server_args, "max_model_len", None) or 2048)
-        self.max_num_seqs = int(getattr(server_args, "max_num_seqs", None) or MAX_NUM_SEQS)
-        record = options.get("record")
-        self.record_path = Path(record) if record else None
-        self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.connect(port_args.scheduler_input_ipc_name)
-        self.receiver = io.IpcReceiver(self.pull)
-
-    def ready(self) -> dict[str, Any]:
-        return {
-            "status": "ready",
-            "max_total_num_tokens": 0,  # no KV pool
-            "max_req_input_len": self.context,
-            "max_single_request_tokens": self.context,
-            "max_num_seqs": self.max_num_seqs,
-            "chunked_prefill_size": self.context,
-            "max_model_len": self.context,
-            "multimodal_encoder_dtype": "bfloat16",
-            "supports_prompt_logprobs": False,
-        }
-
-    def serve(self) -> None:
-        while True:
-            self.handle(self.receiver.recv_pyobj())
-
-    def handle(self, obj: Any) -> None:
-        if not isinstance(obj, self.request_type):
-            _append(self.record_path, {"type": type(obj).__name__, "ignored": True})
-            logger.warning("encode loop ignoring unsupported message %s", type(obj).__name__)
-            return
-        received: list[Any] = list(obj.items)
-        items: list[dict[str, Any]] = [
-            {
-                "modality": item.modality.name,
-                "shape": list(item.feature.shape),
-                "dtype": str(item.feature.dtype).removeprefix("torch."),
-                "offsets": _spans(item.offsets),
-                "hash": item.hash,
-                "pad_value": item.pad_value,
-                "model_specific": sorted(item.model_specific_data),
-            }
-            for item in received
-        ]
-        _append(
-            self.record_path,
-            {
-                "type": "encode",
-                "request_id": obj.request_id,
-                "bootstrap": [obj.bootstrap_host, obj.bootstrap_port, obj.bootstrap_room],
-                "items": items,
-            },
-        )
 
 
 def run(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
@@ -555,9 +512,20 @@ def run(server_args: Any, port_args: Any, pipe_writer: Any) -> None:
     logging.basicConfig(level=logging.INFO)
     raw = setting_value(STANDIN)
     options: dict[str, Any] = raw if isinstance(raw, dict) else {}  # pyright: ignore[reportUnknownVariableType]
-    standin: StandIn | EncodeStandIn
-    if getattr(server_args, "disaggregation_mode", None) == "encode":
-        standin = EncodeStandIn(server_args, port_args, options)
+    mode = getattr(server_args, "disaggregation_mode", None)
+    standin: StandIn
+    if mode == "encode":
+        epd = importlib.import_module("smg_servicer_tokenspeed.testing.epd")
+        epd.run_encode(server_args, port_args, pipe_writer, options)  # sends the ready dict
+        return
+    if mode == "prefill" and options.get("epd_transfer"):
+        standin = importlib.import_module("smg_servicer_tokenspeed.testing.epd").EpdPrefill(
+            server_args, port_args, options
+        )
+    elif mode == "decode" and options.get("handoff_dir"):
+        standin = importlib.import_module("smg_servicer_tokenspeed.testing.epd").HandoffDecode(
+            server_args, port_args, options
+        )
     else:
         standin = StandIn(server_args, port_args, options)
     pipe_writer.send(standin.ready())
