@@ -3,8 +3,8 @@ replay through the servicer. Run in a process of its own by :func:`smg_it.sglang
 (``python -m smg_it.sglang_reference MODEL OUT.json [--embed | --images | --lora NAME=DIR ...]``),
 in the SGLang environment. ``--lora``: greedy ids of :data:`LORA_PROMPT` for the base model and each
 adapter, alone and all in one batch (SGLang's own LoRA path, ``lora_path`` by name). ``--images``
-(a Gemma3 model): greedy ids of :data:`IMAGE_CASES`, SGLang's own processor reading the PNGs
-(``image_data``) and expanding the prompt's ``<start_of_image>``."""
+(a Gemma3 or Qwen2-VL model): greedy ids of :data:`IMAGE_CASES`, SGLang's own processor reading
+the PNGs (``image_data``) and expanding the prompt's picture anchors (:data:`ANCHORS`)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,17 @@ IMAGE_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "two": ("Compare <start_of_image> and <start_of_image> please.", ("noise", "red")),
 }
 IMAGE_ENGINE_KWARGS = {"enable_multimodal": True, "image_processor_backend": "pil"}
+#: What one picture is in :data:`IMAGE_CASES`' prompts, by model family (``model_type``).
+ANCHORS = {"gemma3": "<start_of_image>", "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+
+
+def image_cases(family: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """:data:`IMAGE_CASES` with ``family``'s picture anchor in the prompts."""
+    anchor = ANCHORS[family]
+    return {
+        name: (prompt.replace(ANCHORS["gemma3"], anchor), pictures)
+        for name, (prompt, pictures) in IMAGE_CASES.items()
+    }
 
 
 def lora_outputs(engine: object, names: list[str]) -> dict[str, object]:
@@ -77,12 +88,13 @@ def picture(name: str) -> bytes:
     return png_image(56, 56, **PICTURES[name])
 
 
-def image_outputs(engine: object) -> dict[str, list[int]]:
-    """Greedy ids of each of :data:`IMAGE_CASES`, the images as data URLs."""
+def image_outputs(engine: object, family: str) -> dict[str, list[int]]:
+    """Greedy ids of each of :data:`IMAGE_CASES` (``family``'s anchors), the images as data
+    URLs."""
     from smg_servicer_core.testing.media import data_url
 
     result = {}
-    for name, (prompt, pictures) in IMAGE_CASES.items():
+    for name, (prompt, pictures) in image_cases(family).items():
         got = engine.generate(  # type: ignore[attr-defined]
             prompt=prompt,
             image_data=[data_url(picture(p)) for p in pictures],
@@ -107,8 +119,10 @@ def main() -> None:
     )  # fmt: skip
     try:
         if images:
+            with open(f"{model}/config.json") as fh:
+                family = json.load(fh)["model_type"]
             with open(out, "w") as fh:
-                json.dump(image_outputs(engine), fh)
+                json.dump(image_outputs(engine, family), fh)
             return
         if adapters:
             names = [pair.split("=", 1)[0] for pair in adapters]

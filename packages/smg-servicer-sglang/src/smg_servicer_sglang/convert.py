@@ -29,7 +29,7 @@ from smg_servicer_core.errors import (
 )
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_sglang.grammar_hooks import ERR_TYPE as GRAMMAR_ABORT
-from smg_servicer_sglang.images import ImageRules, read_images
+from smg_servicer_sglang.images import MAX_IMAGES, ImageRules, read_image_urls, read_images
 
 #: Stop strings and stop token ids SGLang accepts per request.
 MAX_STOPS = 32
@@ -47,6 +47,11 @@ class ModelLimits:
     needs_bootstrap: bool = False
     #: How the model takes images (``images.rules_of``), or None: images are refused.
     images: ImageRules | None = None
+    #: A language-only worker's image token (``--language-only``: SGLang's encoders compute
+    #: the pictures, ``mm_inputs.image_urls``), or None.
+    encoder_image_token: int | None = None
+    #: The most pictures a request may carry (SGLang's ``--limit-mm-data-per-request``).
+    max_images: int = MAX_IMAGES
 
 
 def dp_rank_of(request: pb.GenerateRequest | pb.EmbedRequest, limits: ModelLimits) -> int | None:
@@ -110,6 +115,8 @@ class ReqSpec:
     rid: str
     fields: dict[str, Any]
     sampling: dict[str, Any]
+    #: Pictures SGLang's encoders compute for this request (a language-only worker's).
+    image_urls: tuple[str, ...] = ()
 
 
 def prompt_ids(tokenized: pb.TokenizedInput, limits: ModelLimits) -> list[int]:
@@ -207,7 +214,7 @@ def generate_reqs(
     dp_rank = dp_rank_of(request, limits)
     disagg = request.disaggregated_params if request.HasField("disaggregated_params") else None
     sampling = sampling_params(request.sampling_params, len(ids), limits)
-    fields = {
+    fields: dict[str, Any] = {
         "input_text": request.tokenized.original_text or None,
         "input_ids": ids,
         "return_logprob": request.return_logprob,
@@ -220,15 +227,20 @@ def generate_reqs(
         "bootstrap_host": disagg.bootstrap_host if disagg else None,
         "bootstrap_port": disagg.bootstrap_port if disagg and disagg.bootstrap_port else None,
         "bootstrap_room": disagg.bootstrap_room if disagg else None,
-        "mm_inputs": (
-            read_images(request.mm_inputs, ids, limits.images)
-            if request.HasField("mm_inputs")
-            else None
-        ),
+        "mm_inputs": None,
     }
+    urls: tuple[str, ...] = ()
+    if request.HasField("mm_inputs") and limits.encoder_image_token is not None:
+        token, cap = limits.encoder_image_token, limits.max_images
+        urls = read_image_urls(request.mm_inputs, ids, token, cap)
+        if n > 1:
+            raise InvalidRequest("n > 1 is not served with images on a language-only worker")
+        fields["input_text"] = None  # the scheduler expands the ids' image tokens
+    elif request.HasField("mm_inputs"):
+        fields["mm_inputs"] = read_images(request.mm_inputs, ids, limits.images)
     rid = request.request_id
     if n == 1:
-        return [ReqSpec(rid, fields, sampling)], None
+        return [ReqSpec(rid, fields, sampling, urls)], None
     samples = [ReqSpec(f"{rid}-{i}", fields, sampling) for i in range(n)]
     return samples, ReqSpec(f"{rid}-prefix", fields, sampling | {"max_new_tokens": 0})
 

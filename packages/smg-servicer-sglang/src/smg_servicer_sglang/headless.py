@@ -97,6 +97,11 @@ def unsupported(config: Any) -> str | None:
         return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
     if sg.disaggregation_mode(config) != "null":
         return "prefill/decode roles are not served over SGLang's ZMQ wire"
+    if getattr(config, "language_only", False):
+        return (
+            "--language-only (encoder disaggregation) is not served over SGLang's ZMQ wire: use "
+            "the Python gRPC lane"
+        )
     return None
 
 

@@ -16,6 +16,7 @@ span. SGLang's ``TensorData`` carries inline bytes only (no shared-memory payloa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -165,3 +166,65 @@ def read_images(mm: Any, ids: Sequence[int], rules: ImageRules | None) -> Images
     pixels = read_tensor(mm.pixel_values, "mm_inputs.pixel_values")
     count = _pixel_count(pixels, rules)
     return Images(pixels, _spans(mm.mm_placeholders, ids, count, rules), rules)
+
+
+#: What a language-only worker's encoders may be asked to load: the picture inline, or a web
+#: address (SGLang's encoder fetches it, under its own rules); never a path on its host.
+URL_SCHEMES = ("data:", "http://", "https://")
+#: The longest address one picture may be (an inline picture is its data URL).
+MAX_URL_CHARS = 16 << 20
+
+
+def read_image_urls(
+    mm: Any, ids: Sequence[int], image_token: int, max_images: int = MAX_IMAGES
+) -> tuple[str, ...]:
+    """A language-only worker's pictures (``mm_inputs.image_urls``), checked against the prompt
+    ``ids``: SGLang's encoders compute them and its scheduler expands each ``image_token`` of the
+    prompt into the picture's positions, so the prompt holds exactly one per picture, each after
+    another token and none next to another (a prompt already expanded would be expanded again).
+    InvalidRequest naming the field otherwise."""
+    if mm.video_urls or mm.audio_urls or mm.video_data or mm.audio_data:
+        raise InvalidRequest("mm_inputs: video and audio are not served by this SGLang worker")
+    other = sorted(set(mm.modalities) - {"image"})
+    if other:
+        raise InvalidRequest(f"mm_inputs.modalities: {', '.join(other)[:64]} is not served")
+    given = [
+        name
+        for name, present in (
+            ("pixel_values", mm.HasField("pixel_values")),
+            ("image_data", len(mm.image_data) > 0),
+            ("model_specific_tensors", len(mm.model_specific_tensors) > 0),
+        )
+        if present
+    ]
+    if given:
+        field = given[0]
+        raise InvalidRequest(
+            f"mm_inputs.{field}: a language-only worker takes mm_inputs.image_urls (its encoders "
+            "compute the pictures)"
+        )
+    urls = tuple(str(u) for u in mm.image_urls)
+    if not urls:
+        raise InvalidRequest("mm_inputs.image_urls is required: this is a language-only worker")
+    if len(urls) > max_images:
+        raise InvalidRequest(f"mm_inputs.image_urls: {len(urls)} pictures, at most {max_images}")
+    for index, url in enumerate(urls):
+        if len(url) > MAX_URL_CHARS or not url.lower().startswith(URL_SCHEMES):
+            raise InvalidRequest(
+                f"mm_inputs.image_urls[{index}]: a data: or http(s) URL of at most "
+                f"{MAX_URL_CHARS} characters is taken"
+            )
+    at = [i for i, token in enumerate(ids) if token == image_token]
+    if len(at) != len(urls):
+        raise InvalidRequest(
+            f"input_ids: {len(at)} image token(s) ({image_token}) for {len(urls)} picture(s): "
+            "one each"
+        )
+    if at and at[0] == 0:
+        raise InvalidRequest("input_ids: an image token must follow another token")
+    if any(b == a + 1 for a, b in itertools.pairwise(at)):
+        raise InvalidRequest(
+            "input_ids: two image tokens side by side (this worker expands each picture's "
+            "token itself: send the prompt unexpanded)"
+        )
+    return urls

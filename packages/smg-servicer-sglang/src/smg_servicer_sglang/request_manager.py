@@ -264,6 +264,10 @@ class RequestManager:
         if unfinished:
             await asyncio.shield(self._abort_in_scheduler(unfinished))
 
+    def is_open(self, rid: str) -> bool:
+        """Whether ``rid`` is a request in flight here (opened, not released)."""
+        return rid in self._states
+
     def _finished(self, rid: str) -> bool:
         state = self._states.get(rid)
         return state is None or state.finished

@@ -201,6 +201,9 @@ async def _start(
     try:
         kv_events.parse_config(getattr(server_args, "kv_events_config", None))
         port_args, config = sg.prepare(server_args)
+        # Before the ranks start, as SGLang's tokenizer manager does: the encoders register
+        # with its bootstrap server.
+        encoder = sg.encoder_side(server_args, config)
     except (ConfigError, ValueError, TypeError) as exc:
         logger.error("invalid configuration: %s", exc)
         return ExitCode.CONFIG
@@ -258,6 +261,7 @@ async def _start(
         load_reader=launched.load_reader,
         adapters=lora.Adapters.of(config, manager, own[lora.ALLOWED_DIRS.name]),
         request_traces=request_traces,
+        encoder=encoder,
     )
     schedulers = Schedulers(launched, manager, servicer, health, warmup_wanted(config))
     schedulers.bootstrap_server = bootstrap

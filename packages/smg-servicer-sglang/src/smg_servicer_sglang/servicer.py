@@ -41,7 +41,7 @@ from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.servicer import EngineServicer
 from smg_servicer_kv_bridge import subscription
 from smg_servicer_sglang import _sglang as sg
-from smg_servicer_sglang import convert, grammar, kv_events, loads, lora
+from smg_servicer_sglang import convert, grammar, images, kv_events, loads, lora
 from smg_servicer_sglang.convert import ModelLimits, Output
 from smg_servicer_sglang.request_manager import RequestManager
 
@@ -90,8 +90,12 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         metrics: ServicerMetrics | None = None,
         adapters: lora.Adapters | None = None,
         request_traces: bool = False,
+        encoder: sg.EncoderSide | None = None,
     ) -> None:
         self.manager = manager
+        #: A language-only worker's encoder side (``--language-only``): its pictures go to
+        #: SGLang's encoders (:func:`_sglang.dispatch_images`).
+        self.encoder = encoder
         #: SGLang's own request tracing is on (``--enable-trace``): a request that carries trace
         #: context hands it to SGLang's scheduler spans (:class:`_sglang.RequestTrace`).
         self.request_traces = request_traces
@@ -111,6 +115,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             dp_size=max(int(getattr(manager, "dp_size", 1)), 1),
             needs_bootstrap=sg.needs_bootstrap(config),
             images=facts.get("image_rules"),
+            encoder_image_token=facts.get("encoder_image_token") if encoder else None,
+            max_images=int(facts.get("max_images") or images.MAX_IMAGES),
         )
         #: The process watchdog's verdict (set by the launcher): a reason once a scheduler died.
         self.dead_reason: Callable[[], str | None] = lambda: None
@@ -151,7 +157,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
             reqs = [self._build(spec, adapter) for spec in specs]
             traces = self._traces(reqs, context)
             if prefix_spec is None:
-                stream = self._single(request, reqs[0], traces[0] if traces else None)
+                trace = traces[0] if traces else None
+                stream = self._single(request, reqs[0], trace, specs[0].image_urls)
             else:
                 stream = self._parallel(request, reqs, self._build(prefix_spec, adapter))
             try:
@@ -185,12 +192,19 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         return traces
 
     async def _single(
-        self, request: pb.GenerateRequest, req: Any, trace: Any = None
+        self, request: pb.GenerateRequest, req: Any, trace: Any = None, urls: tuple[str, ...] = ()
     ) -> AsyncGenerator[pb.GenerateResponse]:
         rid = request.request_id
         self.manager.open([rid], stream=request.stream, grammar=_constrained(request))
+        ready = None
         try:
-            await self.manager.send(req)
+            if urls:
+                ready = self._dispatch_images(req, list(urls))
+            try:
+                await self.manager.send(req)
+            finally:
+                if ready is not None:  # a dispatch error may go to the scheduler now
+                    ready.set()
             seen: list[Output] = []
             async for batch in self.manager.stream(rid):
                 seen.extend(batch)
@@ -205,6 +219,32 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                     yield self._final(request, seen, final, 0)
         finally:
             await self.manager.release([rid])
+
+    def _dispatch_images(self, req: Any, urls: list[str]) -> Any:
+        """Send the request's pictures to SGLang's encoders; the event to set once it is sent.
+        A dispatch that fails (an encoder's error, one that cannot be reached) reaches the
+        scheduler as SGLang's ``EncoderDispatchErrorReq``, which ends the waiting request with
+        the encoder's status."""
+        if self.encoder is None:
+            raise Unavailable("this worker has no encoder side")
+        loop = asyncio.get_running_loop()
+        open_now = self.manager.is_open
+
+        async def forward(error: Any) -> None:
+            if open_now(str(error.rid)):
+                with contextlib.suppress(Unavailable):
+                    await self.manager.send(error)
+
+        def on_error(error: Any) -> None:  # on SGLang's encode thread
+            loop.call_soon_threadsafe(lambda: loop.create_task(forward(error)))
+
+        ready = sg.dispatch_images(self.encoder, req, urls, on_error)
+        if ready is None:
+            raise Unavailable(
+                "no encoder is registered with this language-only worker (--encoder-urls, or "
+                "an encoder started with --encoder-register-urls)"
+            )
+        return ready
 
     async def _parallel(
         self, request: pb.GenerateRequest, reqs: list[Any], prefix: Any
@@ -543,8 +583,11 @@ def model_facts(
         preferred_sampling_params=preferred or "",
         weight_version=str(getattr(config, "weight_version", "") or "default"),
         served_model_name=str(config.served_model_name or config.model_path),
-        # A vision model of a family whose image rules are known (images.FAMILIES).
-        supports_vision=facts.get("image_rules") is not None,
+        # A vision model of a family whose image rules are known (images.FAMILIES), or a
+        # language-only worker of a vision model (its encoders compute the pictures).
+        supports_vision=(
+            facts.get("image_rules") is not None or facts.get("encoder_image_token") is not None
+        ),
         model_type=str(facts["model_type"]),
         eos_token_ids=tuple(facts["eos_token_ids"]),
         pad_token_id=int(facts["pad_token_id"]),

@@ -38,6 +38,14 @@ class _Placeholder:
     def __mro_entries__(self, _bases: tuple[object, ...]) -> tuple[type, ...]:
         return (object,)
 
+    # In annotations evaluated at class definition (``PILImageResampling | InterpolationMode``,
+    # transformers' video processors, which the Qwen-VL processor's AutoProcessor imports).
+    def __or__(self, _other: object) -> _Placeholder:
+        return self
+
+    def __ror__(self, _other: object) -> _Placeholder:
+        return self
+
 
 class _ShimModule(types.ModuleType):
     def __getattr__(self, attr: str) -> _Placeholder:
