@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 
 from smg_it.harness import free_port, stop_tree
@@ -33,6 +34,7 @@ from smg_it.sglang_suite import Server, run_reference, start_server
 from smg_servicer_core.proto import sglang_scheduler_pb2 as pb
 from smg_servicer_core.proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_servicer_core.testing.media import data_url
+from smg_servicer_core.testing.router import Router
 from smg_servicer_core.testing.tiny_qwen2_vl import IMAGE_ANCHOR, cached_tiny_qwen2_vl
 from smg_servicer_sglang.testing import CPU_ENV, CPU_FLAGS
 
@@ -280,6 +282,28 @@ def test_what_the_worker_cannot_serve_is_a_configuration_error(
         with pytest.raises(ValueError, match=why):
             sg.encoder_side(SimpleNamespace(), config)
     assert sg.encoder_side(SimpleNamespace(), SimpleNamespace(language_only=False)) is None
+
+
+def test_the_router_cannot_send_this_worker_a_picture_yet(worker: Server, qwen2_vl: Path) -> None:
+    """smg 1.13's Qwen-VL spec expects a ``<image>`` placeholder in the tokenizer (and a
+    ``vision_token_id`` in the config), which Qwen2-VL checkpoints do not have: it answers an
+    image chat with 400 itself, with ``--mm-processing worker`` too (it resolves the placeholder
+    first). Text goes through. Pinned: the day a router forwards the picture, this says so, and
+    the direct proof above stands in for a routed one until then."""
+    picture_part = {"type": "image_url", "image_url": {"url": data_url(picture("noise"))}}
+    with Router(f"grpc://{worker.address}", "--mm-processing", "worker") as router:
+        chat = {"model": str(qwen2_vl), "max_tokens": 2, "temperature": 0}
+        reply = httpx.post(
+            router.base + "/v1/chat/completions", timeout=120,
+            json=chat | {"messages": [{"role": "user", "content": [picture_part]}]},
+        )  # fmt: skip
+        assert reply.status_code == 400, reply.text
+        assert "placeholder token '<image>' is missing" in reply.text
+        text = httpx.post(
+            router.base + "/v1/chat/completions", timeout=120,
+            json=chat | {"messages": [{"role": "user", "content": "hello"}]},
+        )  # fmt: skip
+        assert text.status_code == 200, text.text
 
 
 def test_without_its_encoder_a_request_fails_at_once(
