@@ -178,8 +178,10 @@ def mm_output(images: Images | None) -> Any:
     raw = images.pixel_values
     # images.PIXEL_DTYPES are torch's own names.
     pixels = torch.frombuffer(bytearray(raw.data), dtype=getattr(torch, raw.dtype))
-    pixels = pixels.reshape(images.count, 3, *raw.shape[-2:])
     rules = images.rules
+    if rules.patch_features:
+        return _patch_output(images, pixels.reshape(-1, rules.patch_features))
+    pixels = pixels.reshape(images.count, 3, *raw.shape[-2:])
     items = [
         _MultimodalDataItem(
             modality=_Modality.IMAGE,
@@ -193,6 +195,48 @@ def mm_output(images: Images | None) -> Any:
         im_token_id=rules.image_token_id,
         im_start_id=rules.start_id,
         im_end_id=rules.end_id,
+    )
+
+
+def _patch_output(images: Images, pixels: Any) -> Any:
+    """A patch family's (Qwen2-VL's) output, as SGLang's own Qwen-VL processor makes it: one
+    item per picture (its patches, its ``image_grid_thw`` row, its span) and the prompt's M-RoPE
+    positions from SGLang's ``MRotaryEmbedding.get_rope_index``."""
+    import torch  # noqa: PLC0415 - SGLang's own dependency
+    from sglang.srt.layers.rotary_embedding import MRotaryEmbedding  # noqa: PLC0415
+
+    rules = images.rules
+    grids = torch.tensor(images.grids, dtype=torch.long)
+    items: list[Any] = []
+    start = 0
+    for i, (offset, length) in enumerate(images.spans):
+        patches = int(grids[i].prod())
+        items.append(
+            _MultimodalDataItem(
+                modality=_Modality.IMAGE,
+                feature=pixels[start : start + patches].clone(),
+                offsets=[(offset, offset + length - 1)],
+                model_specific_data={"image_grid_thw": grids[i : i + 1].clone()},
+            )
+        )
+        start += patches
+    positions, delta = MRotaryEmbedding.get_rope_index(
+        spatial_merge_size=rules.merge,
+        image_token_id=rules.image_token_id,
+        video_token_id=rules.video_token_id,
+        vision_start_token_id=rules.start_id,
+        model_type=rules.family,
+        input_ids=torch.tensor([images.prompt], dtype=torch.long),
+        image_grid_thw=grids,
+    )
+    return _MmOutput(
+        mm_items=items,
+        im_token_id=rules.image_token_id,
+        im_start_id=rules.start_id,
+        im_end_id=rules.end_id,
+        video_token_id=rules.video_token_id,
+        mrope_positions=positions.squeeze(1),
+        mrope_position_delta=delta,
     )
 
 

@@ -101,18 +101,12 @@ def prepare_headless(argv: list[str]) -> Any:
     return prepare_server_args(argv)
 
 
-def headless_model_facts(server_args: Any) -> dict[str, Any]:
-    """:func:`model_facts` before any front end exists (the Rust lane builds no ``AsyncLLM``):
-    TokenSpeed's own ``ModelConfig`` from ``server_args``, as ``AsyncLLM`` builds it; the
-    scheduler's longest prompt is not known yet (0)."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
+def model_config(server_args: Any) -> Any:
+    """TokenSpeed's own ``ModelConfig`` for ``server_args``, built as its front end and its
+    encode loop build it."""
     from tokenspeed.runtime.configs.model_config import ModelConfig  # noqa: PLC0415
 
-    server_args.model, server_args.tokenizer = _entry.prepare_model_and_tokenizer(
-        server_args.model, server_args.tokenizer
-    )
-    config = ModelConfig(
+    return ModelConfig(
         server_args.model,
         trust_remote_code=server_args.trust_remote_code,
         revision=server_args.revision,
@@ -122,6 +116,18 @@ def headless_model_facts(server_args: Any) -> dict[str, Any]:
         quantization=server_args.quantization,
         server_args=server_args,
     )
+
+
+def headless_model_facts(server_args: Any) -> dict[str, Any]:
+    """:func:`model_facts` before any front end exists (the Rust lane builds no ``AsyncLLM``):
+    TokenSpeed's own ``ModelConfig`` from ``server_args``, as ``AsyncLLM`` builds it; the
+    scheduler's longest prompt is not known yet (0)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    server_args.model, server_args.tokenizer = _entry.prepare_model_and_tokenizer(
+        server_args.model, server_args.tokenizer
+    )
+    config = model_config(server_args)
     front = SimpleNamespace(
         model_config=config, context_len=config.context_len, tokenizer=None, max_req_input_len=0
     )

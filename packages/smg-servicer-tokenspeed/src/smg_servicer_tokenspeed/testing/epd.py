@@ -42,6 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from smg_servicer_tokenspeed import _tokenspeed as ts
 from smg_servicer_tokenspeed.testing.scheduler import StandIn, append_entry
 
 logger = logging.getLogger(__name__)
@@ -75,20 +76,6 @@ def digest(tensor: Any) -> int:
     """CRC-32 of a tensor's bytes."""
     flat = tensor.detach().contiguous().reshape(-1)
     return zlib.crc32(flat.view(-1).cpu().numpy().view("uint8").tobytes())
-
-
-def _model_config(server_args: Any) -> Any:
-    config = importlib.import_module("tokenspeed.runtime.configs.model_config")
-    return config.ModelConfig(
-        server_args.model,
-        trust_remote_code=server_args.trust_remote_code,
-        revision=server_args.revision,
-        context_length=server_args.max_model_len,
-        model_override_args=server_args.hf_overrides,
-        dtype=server_args.dtype,
-        quantization=server_args.quantization,
-        server_args=server_args,
-    )
 
 
 def _spans(offsets: Any) -> list[list[int]]:
@@ -168,7 +155,7 @@ def run_encode(server_args: Any, port_args: Any, pipe_writer: Any, options: dict
             super().submit(request)  # pyright: ignore[reportUnknownMemberType]
 
     def build(server_args: Any, port_args: Any, gpu_id: int, global_rank: int) -> Any:
-        model_config = _model_config(server_args)
+        config = ts.model_config(server_args)
         mapping = server_args.mapping
         if mapping.attn.tp_rank == 0:
             conn.MooncakeEmbeddingBootstrapServer(server_args.disaggregation_bootstrap_port)
@@ -181,7 +168,7 @@ def run_encode(server_args: Any, port_args: Any, pipe_writer: Any, options: dict
             ),
         )  # fmt: skip
         executor = executor_mod.DisaggEncodeExecutor(
-            manager, StandInTower(model_config.hidden_size, record), device="cpu",
+            manager, StandInTower(config.hidden_size, record), device="cpu",
             ring_slots=RING_SLOTS, ring_bytes=RING_BYTES,
         )  # fmt: skip
         cache = loop._make_embedding_cache(  # pyright: ignore[reportPrivateUsage]
@@ -193,7 +180,7 @@ def run_encode(server_args: Any, port_args: Any, pipe_writer: Any, options: dict
             max_tokens_per_batch=server_args.chunked_prefill_size or 8192,
             max_items_per_batch=server_args.max_num_seqs,
         )
-        return RecordingEncodeWorker(executor, scheduler, cache), model_config, "bfloat16"
+        return RecordingEncodeWorker(executor, scheduler, cache), config, "bfloat16"
 
     loop._build_encode_worker = build  # pyright: ignore[reportPrivateUsage]
     # Marks the start of serving for TokenSpeed's GPU kernel-compile monitor, which the CPU
@@ -260,12 +247,12 @@ class EpdPrefill(StandIn):
                 getattr(envs, name).set(value)
         mooncake_on_cpu()
         admission = importlib.import_module("tokenspeed.runtime.epd.prefill_admission")
-        model_config = _model_config(server_args)
+        config = ts.model_config(server_args)
         facts = SimpleNamespace(
-            device="cpu", hidden=model_config.hidden_size, num_deepstack=0, dtype=torch.float32
+            device="cpu", hidden=config.hidden_size, num_deepstack=0, dtype=torch.float32
         )
         self.admission: Any = admission.make_epd_prefill_admission(
-            server_args, 0, model_config=model_config, encoder_model_facts=lambda: facts,
+            server_args, 0, model_config=config, encoder_model_facts=lambda: facts,
             mapping=server_args.mapping, attn_tp_rank=0, attn_tp_size=1,
             attn_tp_cpu_group=None, pg_manager=None,
         )  # fmt: skip

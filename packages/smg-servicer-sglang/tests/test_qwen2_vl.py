@@ -1,19 +1,26 @@
-"""SGLang's encoder disaggregation on the real SGLang (issue #45): a language-only worker
-(``--language-only``) behind our servicer, and SGLang's own encoder server (``python -m
-sglang.launch_server --encoder-only``), on the tiny Qwen2-VL
-(``smg_servicer_core.testing.tiny_qwen2_vl``; SGLang refuses Gemma3 for encoder disaggregation).
+"""Qwen2-VL pictures on the real SGLang (issue #45), the tiny Qwen2-VL
+(``smg_servicer_core.testing.tiny_qwen2_vl``) behind our servicer, two ways, each giving the
+greedy ids of SGLang's own engine for the same prompt and PNGs (``sglang.Engine`` with its
+processor, no disaggregation):
 
-A request's ``mm_inputs.image_urls`` go to SGLang's own receiver (``send_encode_request``, as its
-tokenizer manager does): it posts them to the encoder, which computes the embeddings and pushes
-them over ZMQ to the scheduler rank (``zmq_to_scheduler``), which expands the prompt's image token
-and runs the request. Everything here is SGLang's: the encoder server, the receiver, the bootstrap
-server, the scheduler's wait and assembly. The greedy ids equal SGLang's own engine's for the same
-prompt and PNGs (``sglang.Engine`` with its processor, no disaggregation)."""
+- **router-preprocessed tensors** on an ordinary worker (``--enable-multimodal``): the flattened
+  patches, each picture's ``image_grid_thw`` and its placeholder span, as smg 1.13 sends them
+  (read off the router's own request in a developer run), made here with transformers' own
+  Qwen2-VL image processor; the servicer builds SGLang's items and M-RoPE positions as SGLang's
+  Qwen-VL processor does;
+- **encoder disaggregation**: a language-only worker (``--language-only``) and SGLang's own
+  encoder server (``python -m sglang.launch_server --encoder-only``). A request's
+  ``mm_inputs.image_urls`` go to SGLang's own receiver (``send_encode_request``, as its tokenizer
+  manager does): it posts them to the encoder, which computes the embeddings and pushes them over
+  ZMQ to the scheduler rank (``zmq_to_scheduler``), which expands the prompt's image token and
+  runs the request. Everything there is SGLang's: the encoder server, the receiver, the bootstrap
+  server, the scheduler's wait and assembly. SGLang refuses Gemma3 for encoder disaggregation."""
 
 from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -143,6 +150,129 @@ def generate(stub: Any, message: pb.GenerateRequest) -> Any:
 
 def healthy(stub: Any) -> bool:
     return bool(stub.HealthCheck(pb.HealthCheckRequest(), timeout=30).healthy)
+
+
+@pytest.fixture(scope="module")
+def vision_stub(qwen2_vl: Path) -> Iterator[Any]:
+    """An ordinary worker of the model (router-preprocessed pictures)."""
+    server = start_server(qwen2_vl, "--enable-multimodal")
+    try:
+        server.wait_serving()
+        with grpc.insecure_channel(server.address) as channel:
+            yield pb_grpc.SglangSchedulerStub(channel)
+    finally:
+        code, alive = stop_tree(server)
+        assert code == 0, server.tail()
+        assert not alive
+
+
+def preprocessed(model: Path, prompt: str, pictures: tuple[str, ...]) -> tuple[list[int], Any]:
+    """What smg 1.13 sends an SGLang worker of a Qwen2-VL model with ``--mm-processing
+    router``: the prompt with each picture's pad token expanded to its positions, the flattened
+    patches (float32), ``image_grid_thw`` and ``patches_per_image`` (int64), a span per picture
+    and the image token; from transformers' own Qwen2-VL image processor."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(str(model), backend="pil")
+    images = [Image.open(io.BytesIO(picture(name))) for name in pictures]
+    out = processor(images=images, return_tensors="np")
+    pixels, grids = out["pixel_values"].astype("float32"), out["image_grid_thw"].astype("int64")
+    pad = prompt_ids(model, IMAGE_ANCHOR)[1]
+    ids: list[int] = []
+    spans: list[pb.PlaceholderRange] = []
+    grid_rows = iter(grids.tolist())
+    for token in prompt_ids(model, prompt):
+        if token != pad:
+            ids.append(token)
+            continue
+        t, h, w = next(grid_rows)
+        spans.append(pb.PlaceholderRange(offset=len(ids), length=t * h * w // 4))
+        ids.extend([pad] * (t * h * w // 4))
+    patches = grids.prod(axis=1).astype("int64")
+
+    def tensor(array: Any) -> pb.TensorData:
+        return pb.TensorData(data=array.tobytes(), shape=list(array.shape), dtype=str(array.dtype))
+
+    mm = pb.MultimodalInputs(
+        pixel_values=tensor(pixels), modalities=["image"], im_token_id=pad, mm_placeholders=spans,
+    )  # fmt: skip
+    mm.model_specific_tensors["image_grid_thw"].CopyFrom(tensor(grids))
+    mm.model_specific_tensors["patches_per_image"].CopyFrom(tensor(patches))
+    return ids, mm
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_router_preprocessed_pictures_give_sglangs_own_ids(
+    vision_stub: Any, qwen2_vl: Path, reference: dict[str, list[int]], name: str
+) -> None:
+    ids, mm = preprocessed(qwen2_vl, *CASES[name])
+    message = pb.GenerateRequest(
+        request_id=f"pre-{name}", tokenized=pb.TokenizedInput(input_ids=ids), mm_inputs=mm,
+        sampling_params=pb.SamplingParams(temperature=0, max_new_tokens=MAX_TOKENS),
+    )  # fmt: skip
+    assert list(generate(vision_stub, message).output_ids) == reference[name]
+
+
+def _tensor(mm: Any, name: str, data: bytes, shape: list[int], dtype: str) -> None:
+    mm.model_specific_tensors[name].CopyFrom(pb.TensorData(data=data, shape=shape, dtype=dtype))
+
+
+def _grid(rows: list[int]) -> Any:
+    return lambda mm: _tensor(mm, "image_grid_thw", struct.pack("<3q", *rows), [1, 3], "int64")
+
+
+def _patch_width(mm: Any) -> None:
+    mm.pixel_values.shape[:] = [32, 588]
+
+
+def _no_grid(mm: Any) -> None:
+    del mm.model_specific_tensors["image_grid_thw"]
+
+
+def _span_short(mm: Any) -> None:
+    mm.mm_placeholders[0].length = 3
+
+
+#: Broken router-preprocessed requests: how each breaks one, and the field the refusal names.
+BAD_PATCHES: dict[str, tuple[Any, str]] = {
+    "patch width": (_patch_width, "mm_inputs.pixel_values: shape [32, 588] is not [patches, 1176]"),
+    "no grid": (_no_grid, "mm_inputs.model_specific_tensors['image_grid_thw'] is required"),
+    "grid of other patches": (
+        _grid([1, 4, 8]),
+        "mm_inputs.pixel_values: 16 patches; the grids hold 32",
+    ),
+    "grid not of merges": (_grid([1, 3, 4]), "image_grid_thw'][0]: (1, 3, 4) is not a grid"),
+    "patches per image": (
+        lambda mm: _tensor(mm, "patches_per_image", struct.pack("<q", 8), [1], "int64"),
+        "patches_per_image']: not each picture's patch count",
+    ),
+    "stray tensor": (
+        lambda mm: _tensor(mm, "pixel_attention_mask", b"\0", [1], "uint8"),
+        "model_specific_tensors['pixel_attention_mask']: not taken by this qwen2_vl model",
+    ),
+    "span short": (_span_short, "mm_placeholders[0]: length 3; this image fills 4 positions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PATCHES))
+def test_a_broken_router_preprocessed_picture_is_invalid_argument_naming_the_field(
+    vision_stub: Any, qwen2_vl: Path, case: str
+) -> None:
+    ids, mm = preprocessed(qwen2_vl, *CASES["one"])
+    breaks, field = BAD_PATCHES[case]
+    breaks(mm)
+    message = pb.GenerateRequest(
+        request_id=f"bad-{case}", tokenized=pb.TokenizedInput(input_ids=ids), mm_inputs=mm,
+        sampling_params=pb.SamplingParams(temperature=0, max_new_tokens=2),
+    )  # fmt: skip
+    with pytest.raises(grpc.RpcError) as err:
+        generate(vision_stub, message)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # pyright: ignore[reportAttributeAccessIssue]
+    assert field in (err.value.details() or "")  # pyright: ignore[reportAttributeAccessIssue]
+    assert healthy(vision_stub)
 
 
 def test_the_worker_says_it_takes_images(stub: Any) -> None:
