@@ -361,27 +361,15 @@ def test_a_picture_the_encoder_cannot_read_ends_its_request_and_the_worker_serve
     assert list(good.output_ids) == reference["one"]
 
 
-def test_the_lanes_that_do_not_serve_it_refuse_it_at_start(qwen2_vl: Path) -> None:
+def test_the_lanes_that_do_not_serve_it_refuse_it_at_start() -> None:
     """SGLang's ZMQ lane (and the Rust lane, which starts the same way) refuses
-    ``--language-only`` in one line, exit 2, before any scheduler starts."""
-    script = (
-        "import sys; from smg_servicer_sglang import headless; "
-        "sys.exit(headless.main(sys.argv[1:]))"
-    )
-    command = [
-        sys.executable, "-c", script, "--zmq-handshake-address", "tcp://127.0.0.1:9",
-        "--model-path", str(qwen2_vl), *CPU_FLAGS, "--enable-multimodal", "--language-only",
-        "--encoder-urls", "http://127.0.0.1:9",
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=180, check=False,
-        env={**os.environ, **CPU_ENV, **EPD_ENV},
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "--language-only (encoder disaggregation) is not served over SGLang's ZMQ wire" in (
-        done.stderr
-    )
-    assert "starting SGLang's scheduler" not in done.stderr
+    ``--language-only`` in one line before any scheduler starts: the launchers exit 2 with what
+    ``headless.unsupported`` says (their exit on it: ``test_headless.py``'s shapes)."""
+    from smg_servicer_sglang import headless
+
+    why = headless.unsupported(SimpleNamespace(enable_lora=False, language_only=True))
+    assert why is not None
+    assert why.startswith("--language-only (encoder disaggregation) is not served over SGLang's")
 
 
 @pytest.mark.parametrize(
@@ -414,14 +402,18 @@ def test_what_the_worker_cannot_serve_is_a_configuration_error(
     assert sg.encoder_side(SimpleNamespace(), SimpleNamespace(language_only=False)) is None
 
 
-def test_the_router_cannot_send_this_worker_a_picture_yet(worker: Server, qwen2_vl: Path) -> None:
+@pytest.mark.parametrize("processing", ["router", "worker"])
+def test_the_router_cannot_send_this_worker_a_picture_yet(
+    worker: Server, qwen2_vl: Path, processing: str
+) -> None:
     """smg 1.13's Qwen-VL spec expects a ``<image>`` placeholder in the tokenizer (and a
     ``vision_token_id`` in the config), which Qwen2-VL checkpoints do not have: it answers an
-    image chat with 400 itself, with ``--mm-processing worker`` too (it resolves the placeholder
-    first). Text goes through. Pinned: the day a router forwards the picture, this says so, and
-    the direct proof above stands in for a routed one until then."""
+    image chat with 400 itself, whether it preprocesses the picture or forwards it (it resolves
+    the placeholder first, for any worker of the model). Text goes through. Pinned: the day a
+    router sends the picture, this says so; the direct proofs above stand in for a routed one
+    until then."""
     picture_part = {"type": "image_url", "image_url": {"url": data_url(picture("noise"))}}
-    with Router(f"grpc://{worker.address}", "--mm-processing", "worker") as router:
+    with Router(f"grpc://{worker.address}", "--mm-processing", processing) as router:
         chat = {"model": str(qwen2_vl), "max_tokens": 2, "temperature": 0}
         reply = httpx.post(
             router.base + "/v1/chat/completions", timeout=120,

@@ -93,15 +93,15 @@ def unsupported(config: Any) -> str | None:
 
     if getattr(config, "enable_lora", False):
         return f"--enable-lora: {zmq_wire.LORA_ON_PYTHON_LANE}"
-    if sg.dp_size() > 1:
-        return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
-    if sg.disaggregation_mode(config) != "null":
-        return "prefill/decode roles are not served over SGLang's ZMQ wire"
     if getattr(config, "language_only", False):
         return (
             "--language-only (encoder disaggregation) is not served over SGLang's ZMQ wire: use "
             "the Python gRPC lane"
         )
+    if sg.dp_size() > 1:
+        return "--dp-size > 1 is not served over SGLang's ZMQ wire: use the Python gRPC lane"
+    if sg.disaggregation_mode(config) != "null":
+        return "prefill/decode roles are not served over SGLang's ZMQ wire"
     return None
 
 

@@ -96,6 +96,8 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
         #: A language-only worker's encoder side (``--language-only``): its pictures go to
         #: SGLang's encoders (:func:`_sglang.dispatch_images`).
         self.encoder = encoder
+        #: Encoder dispatch errors on their way to the scheduler (kept until sent).
+        self._forwarding: set[asyncio.Task[None]] = set()
         #: SGLang's own request tracing is on (``--enable-trace``): a request that carries trace
         #: context hands it to SGLang's scheduler spans (:class:`_sglang.RequestTrace`).
         self.request_traces = request_traces
@@ -235,8 +237,14 @@ class SglangServicer(EngineServicer, sglang_scheduler_pb2_grpc.SglangSchedulerSe
                 with contextlib.suppress(Unavailable):
                     await self.manager.send(error)
 
+        def start(error: Any) -> None:
+            task = loop.create_task(forward(error))
+            self._forwarding.add(task)
+            task.add_done_callback(self._forwarding.discard)
+
         def on_error(error: Any) -> None:  # on SGLang's encode thread
-            loop.call_soon_threadsafe(lambda: loop.create_task(forward(error)))
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
+                loop.call_soon_threadsafe(start, error)
 
         ready = sg.dispatch_images(self.encoder, req, urls, on_error)
         if ready is None:
