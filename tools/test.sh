@@ -13,7 +13,7 @@
 #      round trip on SGLang 0.5.20.
 # and, beside the first, two more sessions in the workspace's environment: `video` (the vLLM video
 # tests, with the functional torchvision shim on PYTHONPATH) and, last, `workspace-b` (the
-# Rust-lane, NIXL router and SGLang metric-family tests), so that the two lanes of a 2-core machine
+# Rust-lane and SGLang metric-family tests), so that the two lanes of a 2-core machine
 # end together.
 # SGLang and TokenSpeed pin library versions vLLM cannot share, hence their own environments; each
 # is built when missing or stale (tests-integration launches their workers from them).
