@@ -12,7 +12,12 @@ from pathlib import Path
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 
 #: Engine flags for the float32 tiny model on a CPU without AMX (torch-native attention and
-#: sampling; no CUDA graphs; a 1,024-token context).
+#: sampling; no CUDA graphs; a 1,024-token context). ``--sleep-on-idle``: an idle SGLang scheduler
+#: otherwise spins on its sockets at a core's full speed (SGLang's ``IdleSleeper`` says so), and a
+#: test's worker spends most of its life idle between requests: on a 2-core machine running two
+#: test lanes, every idle scheduler took CPU from the engines that had work. With it, the idle
+#: scheduler waits on its request sockets (our servicer's, or the router's on the ZMQ lane:
+#: ``zmq_plugin``) for up to a second at a time.
 CPU_FLAGS = (
     "--device", "cpu",
     "--dtype", "float32",
@@ -21,6 +26,7 @@ CPU_FLAGS = (
     "--context-length", "1024",
     "--max-total-tokens", "65536",
     "--disable-cuda-graph",
+    "--sleep-on-idle",
     "--log-level", "warning",
 )  # fmt: skip
 
@@ -67,6 +73,7 @@ ENGINE_KWARGS: dict[str, object] = {
     "sampling_backend": "pytorch",
     "max_total_tokens": 65536,
     "disable_cuda_graph": True,
+    "sleep_on_idle": True,
     "log_level": "error",
 }
 
