@@ -3,10 +3,10 @@ seconds of a worker's whole process tree over ``--window`` idle seconds, startin
 seconds after it serves. The worker is ``sglang serve --smg-grpc-mode`` with the tests' flags
 (:data:`smg_servicer_sglang.testing.CPU_FLAGS`, which hold ``--sleep-on-idle``; the ``spin`` arm
 takes it out) on the float32 tiny model. Arms alternated; one JSON line per trial. Run in the
-SGLang environment:
+SGLang environment, recorded (``tools/bench/results/2026-12-08-sglang-idle.jsonl``):
 
-    PYTHONPATH=tests-integration SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/python \\
-        tools/bench/sglang_idle.py --rounds 2 > tools/bench/results/DATE-sglang-idle.jsonl
+    python tools/bench/record.py DATE-sglang-idle -- \\
+        .venv-sglang/bin/python tools/bench/sglang_idle.py --rounds 2
 """
 
 from __future__ import annotations
@@ -16,18 +16,22 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from smg_it.harness import free_port
-from smg_it.paths import model_cache
 from smg_servicer_core.testing import cached_tiny_model
+from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
 
+#: The checkout (its ``.cache/models`` holds the tiny model, built once).
+ROOT = Path(__file__).resolve().parents[2]
 START_S = 300.0
 
 
@@ -51,7 +55,8 @@ def _tree_cpu_s(root: psutil.Process) -> float:
 def trial(sleep_on_idle: bool, settle_s: float, window_s: float) -> float:
     """CPU seconds of one idle worker over the window."""
     port = free_port()
-    command = serve_command(cached_tiny_model(model_cache()), port, python=Path(sys.executable))
+    model = cached_tiny_model(ROOT / ".cache" / "models")
+    command = serve_command(model, port, python=Path(sys.executable))
     if not sleep_on_idle:
         command.remove("--sleep-on-idle")
     worker = subprocess.Popen(
@@ -72,6 +77,20 @@ def trial(sleep_on_idle: bool, settle_s: float, window_s: float) -> float:
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(60)
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """A recorded run as ``tools/bench/README.md`` shows it (``tools/bench/summarize.py``): each
+    arm's CPU seconds over the idle window, per round, and their median."""
+    lines = ["| arm | idle window, s | CPU-s per round | median CPU-s |", "|---|---|---|---|"]
+    for arm, label in (("spin", "without --sleep-on-idle"), ("sleep", "with --sleep-on-idle")):
+        cpu = [float(r["idle_cpu_s"]) for r in rows if r["arm"] == arm]
+        if not cpu:
+            continue
+        window = rows[0]["window_s"]
+        each = ", ".join(f"{c:.2f}" for c in cpu)
+        lines.append(f"| {label} | {window:g} | {each} | {statistics.median(cpu):.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ A block in the README:
 
 Each benchmark prints its own reading (its module's ``markdown(rows)``), chosen by the script the
 record's command ran: ``lanes.py``, ``versus_upstream.py``, ``grpc_path_bench.py``,
-``observability_cost.py``, ``death.py``.
+``observability_cost.py``, ``death.py``, ``sglang_idle.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import death
 import grpc_path_bench
 import lanes_reading
 import observability_cost
+import sglang_idle
 import versus_upstream
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +52,7 @@ RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "grpc_path_bench.py": grpc_path_bench.markdown,
     "observability_cost.py": observability_cost.markdown,
     "death.py": death.markdown,
+    "sglang_idle.py": sglang_idle.markdown,
 }
 
 #: A measured figure written by hand: a number with a unit of time, rate or share, a multiple
