@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from smg_bench import cpu_seconds
 from smg_servicer_core.testing import cached_tiny_model
 from smg_servicer_core.testing.process import free_port
 from smg_servicer_sglang.testing import CPU_ENV, serve_command
@@ -42,14 +43,7 @@ def _listening(port: int) -> bool:
 
 
 def _tree_cpu_s(root: psutil.Process) -> float:
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
+    return cpu_seconds([root, *root.children(recursive=True)])
 
 
 def trial(sleep_on_idle: bool, settle_s: float, window_s: float) -> float:
